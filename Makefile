@@ -1,0 +1,32 @@
+# The README's two commands: `make serve` and `make test`. Both install what is missing.
+BUILD_DIR ?= build
+MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
+JOBS ?= $(shell nproc)
+
+.PHONY: all deps build model serve test format clean
+
+all: build
+
+deps:
+	scripts/install_deps.sh
+	scripts/python_env.sh
+
+build: deps
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Release
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+model: deps
+	scripts/fetch_model.sh
+
+serve: build model
+	$(BUILD_DIR)/bin/ridgeserve-eval generate --model $(MODEL) --chat \
+	  --prompt "What is the capital of France?" --max_new_tokens 64
+
+test: build model
+	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+format:
+	git ls-files '*.h' '*.cc' '*.cu' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,56 @@
+// Token sampling for one request: temperature, top-k, top-p, min-p, repetition penalty,
+// seeded and reproducible. A Sampler belongs to one request (its RNG state is per request),
+// so its choices do not depend on what else is batched with it.
+#ifndef RIDGESERVE_ENGINE_SAMPLING_SAMPLER_H_
+#define RIDGESERVE_ENGINE_SAMPLING_SAMPLER_H_
+
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace ridgeserve {
+
+// Defaults follow vLLM / OpenAI: temperature 1, all filters off. temperature == 0 is greedy.
+struct SamplingParams {
+  float temperature = 1.0f;
+  float top_p = 1.0f;            // (0, 1]
+  int32_t top_k = 0;             // 0 = off
+  float min_p = 0.0f;            // [0, 1]
+  float repetition_penalty = 1.0f;  // > 0; 1 = off (HF/vLLM semantics over prompt + output)
+  uint64_t seed = 0;
+  bool has_seed = false;         // without a seed, seeded from std::random_device
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+};
+
+// InvalidArgument naming the field ("temperature must be >= 0, got -1").
+absl::Status ValidateSamplingParams(const SamplingParams& params);
+
+struct SampleResult {
+  int32_t token = -1;
+  float logprob = 0.0f;  // log-softmax of the chosen token under the unmodified logits
+};
+
+class Sampler {
+ public:
+  explicit Sampler(const SamplingParams& params);
+
+  // `logits` has vocab_size entries; `context` is prompt + generated ids so far (used by the
+  // repetition penalty). Deterministic given the seed and the sequence of calls.
+  SampleResult Sample(std::span<const float> logits, std::span<const int32_t> context);
+
+  // True when `token` ends the request: in stop_token_ids, or in `eog_ids` unless ignore_eos.
+  bool IsStop(int32_t token, std::span<const int32_t> eog_ids) const;
+
+ private:
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<std::pair<float, int32_t>> scratch_;
+};
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_ENGINE_SAMPLING_SAMPLER_H_

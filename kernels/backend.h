@@ -1,0 +1,120 @@
+// The compute backend interface: memory and the ops of a Llama-family forward pass. The CPU
+// backend (kernels/cpu) is a full implementation; a CUDA backend implements the same
+// interface. Pointers passed to ops are backend memory (host memory on CPU).
+//
+// Batch invariance: every op computes each row with a reduction order that does not depend
+// on how many other rows are in the call or where the row sits in it, so a request's results
+// are the same alone or batched, in one prefill chunk or several.
+//
+// Threading: a Backend is driven by one thread at a time (the engine thread); it may use
+// worker threads internally.
+#ifndef RIDGESERVE_KERNELS_BACKEND_H_
+#define RIDGESERVE_KERNELS_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+namespace ridgeserve {
+
+class Backend;
+
+// Owning handle to backend memory.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* backend, void* data, size_t bytes)
+      : backend_(backend), data_(data), bytes_(bytes) {}
+  DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer();
+
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// One layer of the paged KV cache: `k` and `v` are [num_blocks, block_size, num_kv_heads,
+// head_dim]. Token slot s lives in block s / block_size at offset s % block_size.
+struct KvLayerView {
+  float* k = nullptr;
+  float* v = nullptr;
+  int32_t num_blocks = 0;
+  int32_t block_size = 0;
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+};
+
+// Which cached tokens each row attends to: row r belongs to sequence seq[r] and sits at
+// absolute position positions[r]; it attends causally to positions 0..positions[r] of its
+// sequence, whose slots are given by block_tables[seq[r] * max_blocks_per_seq + p / block_size].
+struct AttentionRows {
+  int32_t num_rows = 0;
+  const int32_t* positions = nullptr;     // [num_rows]
+  const int32_t* seq = nullptr;           // [num_rows]
+  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
+  int32_t max_blocks_per_seq = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  // --- memory ---------------------------------------------------------------------------
+  virtual DeviceBuffer Alloc(size_t bytes) = 0;
+  virtual void FreeRaw(void* data) = 0;  // called by DeviceBuffer
+  virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  // Waits for queued work (no-op on CPU).
+  virtual void Synchronize() = 0;
+
+  // --- ops (shapes in elements; `ld` is the row stride) -----------------------------------
+  // out[i, :] = table[ids[i], :]; table [vocab, dim].
+  virtual void Embed(const float* table, int32_t dim, const int32_t* ids, int32_t n,
+                     float* out) = 0;
+  // out[i, :] = x[i, :] / rms(x[i, :]) * w; x, out [n, dim] (may alias).
+  virtual void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
+                       float* out) = 0;
+  // In place, per head: x[i, h*head_dim : (h+1)*head_dim] normalized with w [head_dim]
+  // (Qwen3 QK-norm). x rows are `ld` apart.
+  virtual void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads,
+                            int32_t head_dim, const float* w, float eps) = 0;
+  // y[n, m] = x[n, k] · wᵀ (+ bias); w [m, k] row-major (PyTorch Linear layout).
+  virtual void MatMul(const float* x, int32_t n, int32_t k, const float* w, int32_t m,
+                      const float* bias, float* y) = 0;
+  // In place rotary embedding, half-split ("NeoX"/Hugging Face) layout: within each head,
+  // pairs (j, j + head_dim/2) rotate by positions[i] * inv_freq[j]. x rows are `ld` apart.
+  virtual void Rope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
+                    const int32_t* positions, const float* inv_freq) = 0;
+  // Writes row i of k and v (each num_kv_heads*head_dim wide, rows `ld` apart) to slots[i].
+  virtual void StoreKv(const KvLayerView& cache, const float* k, const float* v, int32_t ld,
+                       int32_t n, const int32_t* slots) = 0;
+  // out[i, h*head_dim...] = softmax(q_h · Kᵀ * scale) · V over the row's causal context,
+  // with GQA (query head h uses KV head h / (num_heads / num_kv_heads)). q rows are `ld`
+  // apart; out [n, num_heads*head_dim]. KV blocks are visited in sequence order, so a row's
+  // result does not depend on the other rows.
+  virtual void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
+                         const AttentionRows& rows, float scale, float* out) = 0;
+  // out[i, j] = silu(gate_up[i, j]) * gate_up[i, ff + j]; gate_up [n, 2*ff], out [n, ff].
+  virtual void SwiGlu(const float* gate_up, int32_t n, int32_t ff, float* out) = 0;
+  // x[i] += y[i] for i < count.
+  virtual void Add(float* x, const float* y, size_t count) = 0;
+  // dst[i, :] = src[index[i], :], rows `dim` wide.
+  virtual void GatherRows(const float* src, int32_t dim, const int32_t* index, int32_t n,
+                          float* dst) = 0;
+};
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_KERNELS_BACKEND_H_
