@@ -1,1 +1,392 @@
-// placeholder: being written
+// Block layouts follow ggml (ggml-common.h) as decoded by the gguf Python package's
+// gguf/quants.py, which the tests use as the reference. All multi-byte fields are little-endian;
+// "f16" is IEEE binary16. Each Dequantize* function converts `num_blocks` consecutive blocks.
+//
+// Arithmetic follows the reference's order (e.g. Q4_K: (d * sc) * q - dmin * m), and each
+// product is its own statement so that it is rounded before the add, as NumPy rounds it: the
+// result is then bit-identical to gguf.quants.dequantize. (ISO C++ mode makes GCC keep products
+// and sums apart; clang's default contracts only within one expression. Only
+// -ffp-contract=fast could fuse them into an FMA, and the dequant test would then say so.)
+#include "engine/model/dequant.h"
+
+#include <bit>
+#include <cstring>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace ridgeserve {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "the readers assume a little-endian host, as GGUF and safetensors files are");
+
+constexpr int64_t kQK = 32;     // weights per block of the 32-wide formats
+constexpr int64_t kQK_K = 256;  // weights per K-quant super-block
+
+uint16_t LoadU16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+uint32_t LoadU32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+// Exact binary16 -> binary32 (every f16 value, subnormals, infinities and NaN payloads).
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu;
+  const uint32_t mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0) {
+    // Zero or subnormal: mantissa * 2^-24 is exact in f32.
+    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+    bits = sign | std::bit_cast<uint32_t>(magnitude);
+  } else if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else {
+    bits = sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+float LoadHalf(const uint8_t* p) { return HalfToFloat(LoadU16(p)); }
+
+void DequantizeF16(const uint8_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = LoadHalf(src + 2 * i);
+}
+
+void DequantizeBF16(const uint8_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = std::bit_cast<float>(static_cast<uint32_t>(LoadU16(src + 2 * i)) << 16);
+  }
+}
+
+// Q4_0 {f16 d; u8 qs[16]}: low nibbles are weights 0..15, high nibbles 16..31; y = (q - 8) d.
+void DequantizeQ4_0(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 18, dst += kQK) {
+    const float d = LoadHalf(src);
+    const uint8_t* qs = src + 2;
+    for (int j = 0; j < 16; ++j) {
+      dst[j] = d * static_cast<float>((qs[j] & 0x0F) - 8);
+      dst[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
+    }
+  }
+}
+
+// Q4_1 {f16 d; f16 m; u8 qs[16]}: nibbles as Q4_0, unsigned; y = q d + m.
+void DequantizeQ4_1(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 20, dst += kQK) {
+    const float d = LoadHalf(src);
+    const float m = LoadHalf(src + 2);
+    const uint8_t* qs = src + 4;
+    for (int j = 0; j < 16; ++j) {
+      const float lo = d * static_cast<float>(qs[j] & 0x0F);
+      const float hi = d * static_cast<float>(qs[j] >> 4);
+      dst[j] = lo + m;
+      dst[j + 16] = hi + m;
+    }
+  }
+}
+
+// Q5_0 {f16 d; u32 qh; u8 qs[16]}: weight j's 5th bit is bit j of qh; y = (q - 16) d.
+void DequantizeQ5_0(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 22, dst += kQK) {
+    const float d = LoadHalf(src);
+    const uint32_t qh = LoadU32(src + 2);
+    const uint8_t* qs = src + 6;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0x0F) | (((qh >> j) & 1) << 4);
+      const int hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      dst[j] = d * static_cast<float>(lo - 16);
+      dst[j + 16] = d * static_cast<float>(hi - 16);
+    }
+  }
+}
+
+// Q5_1 {f16 d; f16 m; u32 qh; u8 qs[16]}: bits as Q5_0, unsigned; y = q d + m.
+void DequantizeQ5_1(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 24, dst += kQK) {
+    const float d = LoadHalf(src);
+    const float m = LoadHalf(src + 2);
+    const uint32_t qh = LoadU32(src + 4);
+    const uint8_t* qs = src + 8;
+    for (int j = 0; j < 16; ++j) {
+      const uint32_t lo = (qs[j] & 0x0Fu) | (((qh >> j) & 1u) << 4);
+      const uint32_t hi = (qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+      const float lo_scaled = d * static_cast<float>(lo);
+      const float hi_scaled = d * static_cast<float>(hi);
+      dst[j] = lo_scaled + m;
+      dst[j + 16] = hi_scaled + m;
+    }
+  }
+}
+
+// Q8_0 {f16 d; i8 qs[32]}: y = q d.
+void DequantizeQ8_0(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 34, dst += kQK) {
+    const float d = LoadHalf(src);
+    const int8_t* qs = reinterpret_cast<const int8_t*>(src + 2);
+    for (int j = 0; j < kQK; ++j) dst[j] = static_cast<float>(qs[j]) * d;
+  }
+}
+
+// Q2_K {u8 scales[16]; u8 qs[64]; f16 d; f16 dmin}, 16 sub-blocks of 16 weights. Scale byte s:
+// low nibble scales d, high nibble scales dmin. Weight e = 128 h + 32 k + l (h < 2, k < 4,
+// l < 32) is bits 2k..2k+1 of qs[32 h + l]; y = d sc q - dmin m for sub-block e / 16.
+void DequantizeQ2_K(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 84, dst += kQK_K) {
+    const uint8_t* scales = src;
+    const uint8_t* qs = src + 16;
+    const float d = LoadHalf(src + 80);
+    const float dmin = LoadHalf(src + 82);
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, k = (e / 32) % 4, l = e % 32;
+      const uint8_t s = scales[e / 16];
+      const float dl = d * static_cast<float>(s & 0x0F);
+      const float ml = dmin * static_cast<float>(s >> 4);
+      const int q = (qs[32 * h + l] >> (2 * k)) & 3;
+      const float scaled = dl * static_cast<float>(q);
+      dst[e] = scaled - ml;
+    }
+  }
+}
+
+// Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}, 16 sub-blocks of 16 weights.
+// Sub-block i's 6-bit scale: low 4 bits from nibble (i / 8) of scales[i % 8], high 2 bits from
+// bits 2 (i / 4) of scales[8 + i % 4]; it is stored +32. Weight e: low 2 bits as in Q2_K; the
+// third bit is bit (e / 32) of hmask[e % 32], and a CLEAR bit means subtract 4.
+void DequantizeQ3_K(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 110, dst += kQK_K) {
+    const uint8_t* hmask = src;
+    const uint8_t* qs = src + 32;
+    const uint8_t* scales = src + 96;
+    const float d = LoadHalf(src + 108);
+    float dl[16];
+    for (int i = 0; i < 16; ++i) {
+      const int low = (scales[i % 8] >> (4 * (i / 8))) & 0x0F;
+      const int high = (scales[8 + i % 4] >> (2 * (i / 4))) & 0x03;
+      dl[i] = d * static_cast<float>((low | (high << 4)) - 32);
+    }
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, k = (e / 32) % 4, l = e % 32;
+      const int low = (qs[32 * h + l] >> (2 * k)) & 3;
+      const int high_clear = ((hmask[l] >> (e / 32)) & 1) ^ 1;
+      dst[e] = dl[e / 16] * static_cast<float>(low - 4 * high_clear);
+    }
+  }
+}
+
+// The 12 packed bytes shared by Q4_K and Q5_K: eight 6-bit scales and eight 6-bit mins.
+//   bytes 0-3: scale j (j < 4) in bits 0-5, bits 4-5 of scale j+4 in bits 6-7
+//   bytes 4-7: min j in bits 0-5, bits 4-5 of min j+4 in bits 6-7
+//   bytes 8-11: low 4 bits of scale j+4 (low nibble) and of min j+4 (high nibble)
+void UnpackKScales(const uint8_t* packed, uint8_t scale[8], uint8_t min[8]) {
+  for (int j = 0; j < 4; ++j) {
+    scale[j] = packed[j] & 0x3F;
+    min[j] = packed[4 + j] & 0x3F;
+    scale[j + 4] = (packed[8 + j] & 0x0F) | ((packed[j] >> 2) & 0x30);
+    min[j + 4] = (packed[8 + j] >> 4) | ((packed[4 + j] >> 2) & 0x30);
+  }
+}
+
+// Q4_K {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}, 8 sub-blocks of 32 weights. Sub-block
+// 2c + s is nibble s of qs[32 c .. 32 c + 31]; y = (d sc) q - dmin m.
+void DequantizeQ4_K(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 144, dst += kQK_K) {
+    const float d = LoadHalf(src);
+    const float dmin = LoadHalf(src + 2);
+    uint8_t scale[8], min[8];
+    UnpackKScales(src + 4, scale, min);
+    const uint8_t* qs = src + 16;
+    for (int j = 0; j < 8; ++j) {
+      const float dj = d * static_cast<float>(scale[j]);
+      const float mj = dmin * static_cast<float>(min[j]);
+      const uint8_t* q = qs + 32 * (j / 2);
+      const int shift = 4 * (j % 2);
+      for (int l = 0; l < 32; ++l) {
+        const float scaled = dj * static_cast<float>((q[l] >> shift) & 0x0F);
+        dst[32 * j + l] = scaled - mj;
+      }
+    }
+  }
+}
+
+// Q5_K {f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: Q4_K plus a 5th bit for
+// weight l of sub-block j in bit j of qh[l].
+void DequantizeQ5_K(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 176, dst += kQK_K) {
+    const float d = LoadHalf(src);
+    const float dmin = LoadHalf(src + 2);
+    uint8_t scale[8], min[8];
+    UnpackKScales(src + 4, scale, min);
+    const uint8_t* qh = src + 16;
+    const uint8_t* qs = src + 48;
+    for (int j = 0; j < 8; ++j) {
+      const float dj = d * static_cast<float>(scale[j]);
+      const float mj = dmin * static_cast<float>(min[j]);
+      const uint8_t* q = qs + 32 * (j / 2);
+      const int shift = 4 * (j % 2);
+      for (int l = 0; l < 32; ++l) {
+        const int value = ((q[l] >> shift) & 0x0F) | (((qh[l] >> j) & 1) << 4);
+        const float scaled = dj * static_cast<float>(value);
+        dst[32 * j + l] = scaled - mj;
+      }
+    }
+  }
+}
+
+// Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}, 16 sub-blocks of 16 weights. Weight
+// e = 128 h + 32 k + l (h < 2, k < 4, l < 32): low 4 bits are nibble (k / 2) of
+// ql[64 h + 32 (k % 2) + l], high 2 bits are bits 2k..2k+1 of qh[32 h + l]; stored +32;
+// y = (d scale) q.
+void DequantizeQ6_K(const uint8_t* src, int64_t num_blocks, float* dst) {
+  for (int64_t b = 0; b < num_blocks; ++b, src += 210, dst += kQK_K) {
+    const uint8_t* ql = src;
+    const uint8_t* qh = src + 128;
+    const int8_t* scales = reinterpret_cast<const int8_t*>(src + 192);
+    const float d = LoadHalf(src + 208);
+    for (int e = 0; e < kQK_K; ++e) {
+      const int h = e / 128, k = (e / 32) % 4, l = e % 32;
+      const int low = (ql[64 * h + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0x0F;
+      const int high = (qh[32 * h + l] >> (2 * k)) & 0x03;
+      const float dl = d * static_cast<float>(scales[e / 16]);
+      dst[e] = dl * static_cast<float>((low | (high << 4)) - 32);
+    }
+  }
+}
+
+// ggml type names by id, so an unsupported type is named in errors rather than numbered.
+absl::string_view GgmlTypeName(uint32_t id) {
+  static constexpr absl::string_view kNames[] = {
+      "F32",   "F16",        "Q4_0",       "Q4_1",       "Q4_2",     "Q4_3",     "Q5_0",
+      "Q5_1",  "Q8_0",       "Q8_1",       "Q2_K",       "Q3_K",     "Q4_K",     "Q5_K",
+      "Q6_K",  "Q8_K",       "IQ2_XXS",    "IQ2_XS",     "IQ3_XXS",  "IQ1_S",    "IQ4_NL",
+      "IQ3_S", "IQ2_S",      "IQ4_XS",     "I8",         "I16",      "I32",      "I64",
+      "F64",   "IQ1_M",      "BF16",       "Q4_0_4_4",   "Q4_0_4_8", "Q4_0_8_8", "TQ1_0",
+      "TQ2_0", "IQ4_NL_4_4", "IQ4_NL_4_8", "IQ4_NL_8_8", "MXFP4",    "NVFP4",    "Q1_0"};
+  if (id < std::size(kNames)) return kNames[id];
+  return {};
+}
+
+}  // namespace
+
+absl::StatusOr<TypeTraits> GetTypeTraits(GgmlType type) {
+  switch (type) {
+    case GgmlType::kF32:
+      return TypeTraits{"F32", 1, 4};
+    case GgmlType::kF16:
+      return TypeTraits{"F16", 1, 2};
+    case GgmlType::kBF16:
+      return TypeTraits{"BF16", 1, 2};
+    case GgmlType::kQ4_0:
+      return TypeTraits{"Q4_0", kQK, 18};
+    case GgmlType::kQ4_1:
+      return TypeTraits{"Q4_1", kQK, 20};
+    case GgmlType::kQ5_0:
+      return TypeTraits{"Q5_0", kQK, 22};
+    case GgmlType::kQ5_1:
+      return TypeTraits{"Q5_1", kQK, 24};
+    case GgmlType::kQ8_0:
+      return TypeTraits{"Q8_0", kQK, 34};
+    case GgmlType::kQ2_K:
+      return TypeTraits{"Q2_K", kQK_K, 84};
+    case GgmlType::kQ3_K:
+      return TypeTraits{"Q3_K", kQK_K, 110};
+    case GgmlType::kQ4_K:
+      return TypeTraits{"Q4_K", kQK_K, 144};
+    case GgmlType::kQ5_K:
+      return TypeTraits{"Q5_K", kQK_K, 176};
+    case GgmlType::kQ6_K:
+      return TypeTraits{"Q6_K", kQK_K, 210};
+    case GgmlType::kQ8_1:
+      break;
+  }
+  const uint32_t id = static_cast<uint32_t>(type);
+  const absl::string_view name = GgmlTypeName(id);
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown ggml type id ", id));
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("ggml type ", name, " (id ", id, ") is not supported by this build"));
+}
+
+absl::StatusOr<size_t> StorageBytes(GgmlType type, int64_t num_elements) {
+  absl::StatusOr<TypeTraits> traits = GetTypeTraits(type);
+  if (!traits.ok()) return traits.status();
+  if (num_elements < 0 || num_elements % traits->block_elements != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(num_elements, " elements is not a multiple of the ", std::string(traits->name),
+                     " block size ", traits->block_elements));
+  }
+  const uint64_t blocks = static_cast<uint64_t>(num_elements / traits->block_elements);
+  const uint64_t block_bytes = static_cast<uint64_t>(traits->block_bytes);
+  if (blocks > std::numeric_limits<size_t>::max() / block_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        num_elements, " elements of ", std::string(traits->name), " overflow the address space"));
+  }
+  return static_cast<size_t>(blocks * block_bytes);
+}
+
+absl::Status DequantizeRow(GgmlType type, const uint8_t* src, int64_t num_elements, float* dst) {
+  absl::StatusOr<TypeTraits> traits = GetTypeTraits(type);
+  if (!traits.ok()) return traits.status();
+  if (num_elements < 0 || num_elements % traits->block_elements != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(num_elements, " elements is not a multiple of the ", std::string(traits->name),
+                     " block size ", traits->block_elements));
+  }
+  const int64_t blocks = num_elements / traits->block_elements;
+  switch (type) {
+    case GgmlType::kF32:
+      if (num_elements > 0) std::memcpy(dst, src, static_cast<size_t>(num_elements) * 4);
+      break;
+    case GgmlType::kF16:
+      DequantizeF16(src, num_elements, dst);
+      break;
+    case GgmlType::kBF16:
+      DequantizeBF16(src, num_elements, dst);
+      break;
+    case GgmlType::kQ4_0:
+      DequantizeQ4_0(src, blocks, dst);
+      break;
+    case GgmlType::kQ4_1:
+      DequantizeQ4_1(src, blocks, dst);
+      break;
+    case GgmlType::kQ5_0:
+      DequantizeQ5_0(src, blocks, dst);
+      break;
+    case GgmlType::kQ5_1:
+      DequantizeQ5_1(src, blocks, dst);
+      break;
+    case GgmlType::kQ8_0:
+      DequantizeQ8_0(src, blocks, dst);
+      break;
+    case GgmlType::kQ2_K:
+      DequantizeQ2_K(src, blocks, dst);
+      break;
+    case GgmlType::kQ3_K:
+      DequantizeQ3_K(src, blocks, dst);
+      break;
+    case GgmlType::kQ4_K:
+      DequantizeQ4_K(src, blocks, dst);
+      break;
+    case GgmlType::kQ5_K:
+      DequantizeQ5_K(src, blocks, dst);
+      break;
+    case GgmlType::kQ6_K:
+      DequantizeQ6_K(src, blocks, dst);
+      break;
+    case GgmlType::kQ8_1:  // GetTypeTraits refused it above.
+      break;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ridgeserve

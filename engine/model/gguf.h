@@ -1,7 +1,9 @@
 // GGUF v2/v3 reader: mmaps the file and parses it in named phases (header → metadata →
 // tensor infos → data), validating every count, length and offset against the file size
-// before use. Every error names the file, the phase and (where there is one) the key or
-// tensor, e.g. "model.gguf: tensor infos: blk.3.attn_q.weight: data runs past end of file".
+// before use. Every error reads "<path>: <phase>: <what>[ (tensor NAME | key KEY)]", e.g.
+// "model.gguf: data: data [0, +186624) runs past end of file (data section holds 1024 bytes)
+// (tensor blk.3.attn_q.weight)". Malformed files are InvalidArgument; unsupported versions and
+// tensor types Unimplemented.
 #ifndef RIDGESERVE_ENGINE_MODEL_GGUF_H_
 #define RIDGESERVE_ENGINE_MODEL_GGUF_H_
 
@@ -27,7 +29,7 @@ class GgufFile : public TensorSource {
   bool Has(std::string_view key) const;
   // Typed metadata accessors. Integers of any width and signedness convert to int64_t;
   // f32/f64 (and integers) to double. A missing key or a type mismatch is NotFound /
-  // InvalidArgument naming the file and key.
+  // InvalidArgument naming the file and key; a u64 above INT64_MAX is OutOfRange for GetInt.
   absl::StatusOr<int64_t> GetInt(std::string_view key) const;
   absl::StatusOr<double> GetFloat(std::string_view key) const;
   absl::StatusOr<bool> GetBool(std::string_view key) const;

@@ -1,1 +1,153 @@
-// placeholder: being written
+#include "engine/model/llama.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace ridgeserve {
+
+int32_t ForwardBatch::AddSequence(const BlockTable& table, int32_t block_size,
+                                  std::span<const int32_t> new_tokens, int32_t start_pos,
+                                  bool want_logits) {
+  const int32_t seq_index =
+      max_blocks_per_seq == 0 ? 0 : static_cast<int32_t>(block_tables.size()) / max_blocks_per_seq;
+  const int32_t blocks = static_cast<int32_t>(table.blocks().size());
+  if (blocks > max_blocks_per_seq) {
+    // Widen every existing row of the table.
+    std::vector<int32_t> wider(static_cast<size_t>(seq_index) * blocks, 0);
+    for (int32_t s = 0; s < seq_index; ++s) {
+      std::copy_n(block_tables.begin() + s * max_blocks_per_seq, max_blocks_per_seq,
+                  wider.begin() + s * blocks);
+    }
+    block_tables = std::move(wider);
+    max_blocks_per_seq = blocks;
+  }
+  block_tables.resize(static_cast<size_t>(seq_index + 1) * max_blocks_per_seq, 0);
+  std::copy(table.blocks().begin(), table.blocks().end(),
+            block_tables.begin() + seq_index * max_blocks_per_seq);
+  for (size_t i = 0; i < new_tokens.size(); ++i) {
+    const int32_t pos = start_pos + static_cast<int32_t>(i);
+    tokens.push_back(new_tokens[i]);
+    positions.push_back(pos);
+    seq.push_back(seq_index);
+    slots.push_back(table.Slot(pos, block_size));
+  }
+  if (want_logits && !new_tokens.empty()) logit_rows.push_back(num_rows() - 1);
+  return seq_index;
+}
+
+void ForwardBatch::RequestAllLogits() {
+  logit_rows.resize(tokens.size());
+  for (int32_t i = 0; i < num_rows(); ++i) logit_rows[i] = i;
+}
+
+LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, Backend& backend)
+    : config_(config), weights_(std::move(weights)), backend_(backend) {}
+
+void LlamaModel::EnsureWorkspace(int32_t rows, int32_t table_entries) {
+  auto floats = [&](int64_t n) { return backend_.Alloc(sizeof(float) * n); };
+  auto ints = [&](int64_t n) { return backend_.Alloc(sizeof(int32_t) * n); };
+  if (rows > capacity_rows_) {
+    const int32_t qkv_dim = config_.q_dim() + 2 * config_.kv_dim();
+    x_ = floats(int64_t{rows} * config_.hidden);
+    xn_ = floats(int64_t{rows} * config_.hidden);
+    qkv_ = floats(int64_t{rows} * qkv_dim);
+    attn_ = floats(int64_t{rows} * config_.q_dim());
+    proj_ = floats(int64_t{rows} * config_.hidden);
+    gate_up_ = floats(int64_t{rows} * 2 * config_.ffn);
+    act_ = floats(int64_t{rows} * config_.ffn);
+    tokens_ = ints(rows);
+    positions_ = ints(rows);
+    seq_ = ints(rows);
+    slots_ = ints(rows);
+    logit_rows_ = ints(rows);
+    head_in_ = floats(int64_t{rows} * config_.hidden);
+    capacity_rows_ = rows;
+  }
+  if (table_entries > capacity_table_) {
+    tables_ = ints(table_entries);
+    capacity_table_ = table_entries;
+  }
+}
+
+absl::Status LlamaModel::Forward(const ForwardBatch& batch, PagedKvCache& cache,
+                                 std::vector<float>& logits) {
+  const int32_t n = batch.num_rows();
+  if (n == 0) return absl::InvalidArgumentError("forward: empty batch");
+  for (int32_t t : batch.tokens) {
+    if (t < 0 || t >= config_.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: token id ", t, " outside vocabulary of ", config_.vocab_size));
+    }
+  }
+  EnsureWorkspace(n, static_cast<int32_t>(batch.block_tables.size()));
+  auto upload = [&](const std::vector<int32_t>& v, const DeviceBuffer& dst) {
+    backend_.CopyToDevice(dst.as<void>(), v.data(), sizeof(int32_t) * v.size());
+  };
+  upload(batch.tokens, tokens_);
+  upload(batch.positions, positions_);
+  upload(batch.seq, seq_);
+  upload(batch.slots, slots_);
+  upload(batch.block_tables, tables_);
+  upload(batch.logit_rows, logit_rows_);
+
+  const ModelConfig& c = config_;
+  const int32_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
+  float* x = x_.as<float>();
+  float* xn = xn_.as<float>();
+  float* qkv = qkv_.as<float>();
+  float* proj = proj_.as<float>();
+  const float* inv_freq = weights_.rope_inv_freq.as<float>();
+  const AttentionRows rows{n, positions_.as<int32_t>(), seq_.as<int32_t>(), tables_.as<int32_t>(),
+                           batch.max_blocks_per_seq};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  backend_.Embed(weights_.token_embd.as<float>(), c.hidden, tokens_.as<int32_t>(), n, x);
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    const KvLayerView kv = cache.layer(l);
+    // Attention block: x += o_proj(attention(rope(qkv(norm(x))))).
+    backend_.RmsNorm(x, w.attn_norm.as<float>(), n, c.hidden, c.rms_eps, xn);
+    backend_.MatMul(xn, n, c.hidden, w.wqkv.as<float>(), qkv_dim,
+                    w.bqkv.bytes() > 0 ? w.bqkv.as<float>() : nullptr, qkv);
+    float* q = qkv;
+    float* k = qkv + q_dim;
+    float* v = qkv + q_dim + kv_dim;
+    if (c.qk_norm) {
+      backend_.RmsNormHeads(q, qkv_dim, n, c.num_heads, c.head_dim, w.q_norm.as<float>(),
+                            c.rms_eps);
+      backend_.RmsNormHeads(k, qkv_dim, n, c.num_kv_heads, c.head_dim, w.k_norm.as<float>(),
+                            c.rms_eps);
+    }
+    backend_.Rope(q, qkv_dim, n, c.num_heads, c.head_dim, positions_.as<int32_t>(), inv_freq);
+    backend_.Rope(k, qkv_dim, n, c.num_kv_heads, c.head_dim, positions_.as<int32_t>(), inv_freq);
+    backend_.StoreKv(kv, k, v, qkv_dim, n, slots_.as<int32_t>());
+    backend_.Attention(q, qkv_dim, c.num_heads, kv, rows, scale, attn_.as<float>());
+    backend_.MatMul(attn_.as<float>(), n, q_dim, w.wo.as<float>(), c.hidden, nullptr, proj);
+    backend_.Add(x, proj, static_cast<size_t>(n) * c.hidden);
+    // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
+    backend_.RmsNorm(x, w.ffn_norm.as<float>(), n, c.hidden, c.rms_eps, xn);
+    backend_.MatMul(xn, n, c.hidden, w.w_gate_up.as<float>(), 2 * c.ffn, nullptr,
+                    gate_up_.as<float>());
+    backend_.SwiGlu(gate_up_.as<float>(), n, c.ffn, act_.as<float>());
+    backend_.MatMul(act_.as<float>(), n, c.ffn, w.w_down.as<float>(), c.hidden, nullptr, proj);
+    backend_.Add(x, proj, static_cast<size_t>(n) * c.hidden);
+  }
+
+  const int32_t m = static_cast<int32_t>(batch.logit_rows.size());
+  logits.resize(static_cast<size_t>(m) * c.vocab_size);
+  if (m == 0) return absl::OkStatus();
+  if (m > capacity_logit_rows_) {
+    logits_ = backend_.Alloc(sizeof(float) * m * c.vocab_size);
+    capacity_logit_rows_ = m;
+  }
+  backend_.GatherRows(x, c.hidden, logit_rows_.as<int32_t>(), m, head_in_.as<float>());
+  backend_.RmsNorm(head_in_.as<float>(), weights_.output_norm.as<float>(), m, c.hidden, c.rms_eps,
+                   head_in_.as<float>());
+  backend_.MatMul(head_in_.as<float>(), m, c.hidden, weights_.lm_head_or_embedding(), c.vocab_size,
+                  nullptr, logits_.as<float>());
+  backend_.CopyToHost(logits.data(), logits_.as<void>(), sizeof(float) * logits.size());
+  return absl::OkStatus();
+}
+
+}  // namespace ridgeserve

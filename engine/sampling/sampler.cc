@@ -1,1 +1,186 @@
-// placeholder: being written
+#include "engine/sampling/sampler.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstddef>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace ridgeserve {
+namespace {
+
+absl::Status FieldError(absl::string_view field, absl::string_view rule, auto value) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " must be ", rule, ", got ", value));
+}
+
+using Candidate = std::pair<float, int32_t>;  // (logit or weight, token id)
+
+// Higher logit first; equal logits by lower id. A total order (for non-NaN logits), so the
+// kept set and its order do not depend on the standard library's sort algorithm.
+bool Before(const Candidate& a, const Candidate& b) {
+  return a.first > b.first || (a.first == b.first && a.second < b.second);
+}
+
+// Length of the top-p nucleus: the smallest set of highest-weight candidates whose weights
+// sum to >= `threshold` (top_p * total weight), at least one. On return that set leads
+// `candidates`, sorted by Before. Rather than sorting the whole vocabulary (~15 ms for
+// 152k), it selects and sorts a growing prefix: the nucleus is usually tens of tokens.
+size_t NucleusSize(std::span<Candidate> candidates, double threshold) {
+  size_t k = std::min<size_t>(candidates.size(), 64);
+  for (;;) {
+    std::nth_element(candidates.begin(), candidates.begin() + k, candidates.end(), Before);
+    std::sort(candidates.begin(), candidates.begin() + k, Before);
+    double cumulative = 0.0;
+    for (size_t i = 0; i < k; ++i) {
+      cumulative += candidates[i].first;
+      if (cumulative >= threshold) return i + 1;
+    }
+    if (k == candidates.size()) return k;
+    k = std::min(candidates.size(), 4 * k);
+  }
+}
+
+// First index of the largest value: ties go to the lowest token id.
+int32_t Argmax(std::span<const float> logits) {
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
+
+// log_softmax(logits)[token], accumulated in double.
+float LogSoftmaxAt(std::span<const float> logits, int32_t token) {
+  const float max = *std::max_element(logits.begin(), logits.end());
+  double sum = 0.0;
+  for (float x : logits) sum += std::exp(x - max);
+  return static_cast<float>(static_cast<double>(logits[token]) - max - std::log(sum));
+}
+
+}  // namespace
+
+absl::Status ValidateSamplingParams(const SamplingParams& params) {
+  // Comparisons are written so that NaN fails them.
+  if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature)) {
+    return FieldError("temperature", ">= 0 and finite", params.temperature);
+  }
+  if (!(params.top_p > 0.0f && params.top_p <= 1.0f)) {
+    return FieldError("top_p", "in (0, 1]", params.top_p);
+  }
+  if (params.top_k < 0) return FieldError("top_k", ">= 0 (0 = off)", params.top_k);
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f)) {
+    return FieldError("min_p", "in [0, 1]", params.min_p);
+  }
+  if (!(params.repetition_penalty > 0.0f) || !std::isfinite(params.repetition_penalty)) {
+    return FieldError("repetition_penalty", "> 0 and finite", params.repetition_penalty);
+  }
+  for (size_t i = 0; i < params.stop_token_ids.size(); ++i) {
+    if (params.stop_token_ids[i] < 0) {
+      return FieldError(absl::StrCat("stop_token_ids[", i, "]"), ">= 0", params.stop_token_ids[i]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+Sampler::Sampler(const SamplingParams& params) : params_(params) {
+  if (params_.has_seed) {
+    rng_.seed(params_.seed);
+  } else {
+    std::random_device device;
+    rng_.seed((static_cast<uint64_t>(device()) << 32) | device());
+  }
+}
+
+SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context) {
+  assert(!logits.empty());
+  std::span<const float> x = logits;
+  if (params_.repetition_penalty != 1.0f && !context.empty()) {
+    x = ApplyRepetitionPenalty(logits, context);
+  }
+  const int32_t token = params_.temperature == 0.0f ? Argmax(x) : Draw(x);
+  return {.token = token, .logprob = LogSoftmaxAt(logits, token)};
+}
+
+std::span<const float> Sampler::ApplyRepetitionPenalty(std::span<const float> logits,
+                                                       std::span<const int32_t> context) {
+  penalized_.assign(logits.begin(), logits.end());
+  const float penalty = params_.repetition_penalty;
+  for (int32_t id : context) {
+    if (id < 0 || static_cast<size_t>(id) >= logits.size()) continue;
+    // Computed from the original logit, so an id repeated in the context is penalized once.
+    const float v = logits[id];
+    penalized_[id] = v > 0.0f ? v / penalty : v * penalty;
+  }
+  return penalized_;
+}
+
+int32_t Sampler::Draw(std::span<const float> logits) {
+  candidates_.resize(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) {
+    candidates_[i] = {logits[i], static_cast<int32_t>(i)};
+  }
+  std::span<Candidate> kept(candidates_);
+
+  // Dividing by the temperature keeps the order of the logits, so top-k selects on the raw
+  // logits and the temperature enters the weights below.
+  const bool top_k = params_.top_k > 0 && static_cast<size_t>(params_.top_k) < kept.size();
+  if (top_k) {
+    std::nth_element(kept.begin(), kept.begin() + params_.top_k, kept.end(), Before);
+    kept = kept.first(params_.top_k);
+  }
+  // Before puts the highest logit first, so its min_element is the maximum.
+  const float max = std::min_element(kept.begin(), kept.end(), Before)->first;
+
+  // Weights relative to the most likely token: w = p / p_max = exp((logit - max) / T).
+  const float temperature = params_.temperature;
+  double total = 0.0;
+  for (Candidate& c : kept) {
+    c.first = std::exp((c.first - max) / temperature);
+    total += c.first;
+  }
+
+  if (params_.top_p < 1.0f) {
+    kept = kept.first(NucleusSize(kept, params_.top_p * total));
+  } else if (top_k) {
+    // nth_element leaves the kept set in an order of the library's choosing; sorting it
+    // makes the draw below the same on every platform.
+    std::sort(kept.begin(), kept.end(), Before);
+  }
+  if (params_.min_p > 0.0f) {
+    // p >= min_p * p_max is w >= min_p; the most likely token has w == 1 and stays.
+    // remove_if keeps the order of the rest.
+    const float min_p = params_.min_p;
+    kept = kept.first(std::remove_if(kept.begin(), kept.end(),
+                                     [min_p](const Candidate& c) { return c.first < min_p; }) -
+                      kept.begin());
+  }
+  total = 0.0;
+  for (const Candidate& c : kept) total += c.first;
+
+  // Inverse CDF over the kept candidates with u in [0, 1) from the top 53 bits. Candidates
+  // are in id order when no top-k/top-p applies, else highest first.
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+  const double target = u * total;
+  double cumulative = 0.0;
+  for (const Candidate& c : kept) {
+    cumulative += c.first;
+    if (target < cumulative) return c.second;
+  }
+  // Rounding left target at the very top: the last candidate with any weight.
+  for (size_t i = kept.size(); i-- > 0;) {
+    if (kept[i].first > 0.0f) return kept[i].second;
+  }
+  return kept[0].second;
+}
+
+bool Sampler::IsStop(int32_t token, std::span<const int32_t> eog_ids) const {
+  if (std::find(params_.stop_token_ids.begin(), params_.stop_token_ids.end(), token) !=
+      params_.stop_token_ids.end()) {
+    return true;
+  }
+  return !params_.ignore_eos && std::find(eog_ids.begin(), eog_ids.end(), token) != eog_ids.end();
+}
+
+}  // namespace ridgeserve

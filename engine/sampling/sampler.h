@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,12 +17,12 @@ namespace ridgeserve {
 // Defaults follow vLLM / OpenAI: temperature 1, all filters off. temperature == 0 is greedy.
 struct SamplingParams {
   float temperature = 1.0f;
-  float top_p = 1.0f;            // (0, 1]
-  int32_t top_k = 0;             // 0 = off
-  float min_p = 0.0f;            // [0, 1]
+  float top_p = 1.0f;               // (0, 1]
+  int32_t top_k = 0;                // 0 = off
+  float min_p = 0.0f;               // [0, 1]
   float repetition_penalty = 1.0f;  // > 0; 1 = off (HF/vLLM semantics over prompt + output)
   uint64_t seed = 0;
-  bool has_seed = false;         // without a seed, seeded from std::random_device
+  bool has_seed = false;  // without a seed, seeded from std::random_device
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
 };
@@ -46,9 +47,19 @@ class Sampler {
   bool IsStop(int32_t token, std::span<const int32_t> eog_ids) const;
 
  private:
+  // Draws from the filtered, tempered distribution over `logits` (already penalized).
+  int32_t Draw(std::span<const float> logits);
+  // `logits` with the repetition penalty applied to every id in `context`; points into
+  // penalized_.
+  std::span<const float> ApplyRepetitionPenalty(std::span<const float> logits,
+                                                std::span<const int32_t> context);
+
   SamplingParams params_;
+  // The standard fixes mt19937_64's output sequence, so a seed replays the same tokens on
+  // every platform; the uniform draw is derived from its bits by hand for the same reason.
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<float> penalized_;                       // (vocab) reused across steps
+  std::vector<std::pair<float, int32_t>> candidates_;  // (vocab) (logit or weight, token id)
 };
 
 }  // namespace ridgeserve

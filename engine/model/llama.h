@@ -1,0 +1,75 @@
+// The Llama-family forward pass (Llama 3.x, SmolLM2, Mistral, Qwen2/2.5 with QKV bias, Qwen3
+// with QK-norm) over a paged KV cache, for any mix of prefill chunks and decode rows.
+#ifndef RIDGESERVE_ENGINE_MODEL_LLAMA_H_
+#define RIDGESERVE_ENGINE_MODEL_LLAMA_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/kv/paged_kv_cache.h"
+#include "engine/model/config.h"
+#include "engine/model/weights.h"
+#include "kernels/backend.h"
+
+namespace ridgeserve {
+
+// One forward step: rows from one or more sequences. Every row's K/V is written to its slot
+// before attention, so rows of the same sequence in one step see each other causally.
+struct ForwardBatch {
+  std::vector<int32_t> tokens;     // [rows]
+  std::vector<int32_t> positions;  // [rows] absolute position in its sequence
+  std::vector<int32_t> seq;        // [rows] index of the row's sequence in block_tables
+  std::vector<int32_t> slots;      // [rows] KV-cache slot the row's K/V go to
+  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], padded with 0
+  int32_t max_blocks_per_seq = 0;
+  std::vector<int32_t> logit_rows;  // rows whose logits are wanted, in output order
+
+  int32_t num_rows() const { return static_cast<int32_t>(tokens.size()); }
+  // Appends a sequence's rows for `tokens` at positions start_pos.. (blocks reserved) and
+  // returns the sequence index. With want_logits the last row's logits are requested.
+  int32_t AddSequence(const BlockTable& table, int32_t block_size, std::span<const int32_t> tokens,
+                      int32_t start_pos, bool want_logits);
+  // Requests logits for every row (perplexity, reference comparisons).
+  void RequestAllLogits();
+};
+
+// Threading: one thread drives a LlamaModel (the engine thread).
+class LlamaModel {
+ public:
+  LlamaModel(const ModelConfig& config, ModelWeights weights, Backend& backend);
+
+  const ModelConfig& config() const { return config_; }
+  Backend& backend() { return backend_; }
+
+  // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host).
+  absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>& logits);
+
+ private:
+  // Scratch for `rows` rows; grows on demand.
+  void EnsureWorkspace(int32_t rows, int32_t num_seqs_x_blocks);
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  Backend& backend_;
+
+  int32_t capacity_rows_ = 0;
+  int32_t capacity_table_ = 0;
+  int32_t capacity_logit_rows_ = 0;
+  DeviceBuffer x_;       // [rows, hidden] residual stream
+  DeviceBuffer xn_;      // [rows, hidden] normalized
+  DeviceBuffer qkv_;     // [rows, q_dim + 2 kv_dim]
+  DeviceBuffer attn_;    // [rows, q_dim]
+  DeviceBuffer proj_;    // [rows, hidden]
+  DeviceBuffer gate_up_; // [rows, 2 ffn]
+  DeviceBuffer act_;     // [rows, ffn]
+  DeviceBuffer tokens_, positions_, seq_, slots_, logit_rows_;  // int32 [rows]
+  DeviceBuffer tables_;  // int32 [num_seqs * max_blocks]
+  DeviceBuffer head_in_;  // [rows, hidden] rows gathered for the LM head
+  DeviceBuffer logits_;   // [logit rows, vocab]
+};
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_ENGINE_MODEL_LLAMA_H_

@@ -1,0 +1,292 @@
+// ridgeserve-eval: quality and speed evaluation. Each subcommand prints one JSON object on
+// stdout; progress and logs go to stderr.
+//   perplexity    --model M --text FILE [--ctx N] [--max_tokens N]
+//   generate      --model M --prompt TEXT [--chat] [--max_new_tokens N] [sampling flags]
+//   bench-prefill --model M --lengths 512,2048,8192 [--chunk N]
+//   logits        --model M (--text FILE | --token_ids 1,2,3) --out FILE [--chunk N]
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/common/status_macros.h"
+#include "engine/model/model.h"
+#include "engine/sampling/sampler.h"
+#include "engine/tools/sequence_runner.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "nlohmann/json.hpp"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face directory");
+ABSL_FLAG(int32_t, threads, 0, "CPU threads (0 = all)");
+ABSL_FLAG(std::string, text, "", "input text file");
+ABSL_FLAG(int32_t, ctx, 1024, "perplexity: window length in tokens");
+ABSL_FLAG(int32_t, max_tokens, 0, "perplexity: use at most this many tokens of the text (0 = all)");
+ABSL_FLAG(std::string, prompt, "", "generate: prompt text");
+ABSL_FLAG(bool, chat, false, "generate: wrap the prompt in the model's chat template");
+ABSL_FLAG(int32_t, max_new_tokens, 128, "generate: tokens to generate at most");
+ABSL_FLAG(float, temperature, 0.0f, "generate: sampling temperature (0 = greedy)");
+ABSL_FLAG(float, top_p, 1.0f, "generate: nucleus sampling mass");
+ABSL_FLAG(int32_t, top_k, 0, "generate: keep the k most likely tokens (0 = off)");
+ABSL_FLAG(float, min_p, 0.0f, "generate: drop tokens below min_p * max probability");
+ABSL_FLAG(float, repetition_penalty, 1.0f, "generate: repetition penalty (1 = off)");
+ABSL_FLAG(uint64_t, seed, 0, "generate: sampling seed");
+ABSL_FLAG(std::string, lengths, "512,2048,8192", "bench-prefill: prompt lengths");
+ABSL_FLAG(int32_t, chunk, 512, "prefill chunk (rows per forward pass)");
+ABSL_FLAG(std::string, token_ids, "", "logits: comma-separated input token ids");
+ABSL_FLAG(std::string, out, "", "logits: output file for float32 logits [tokens, vocab]");
+
+namespace ridgeserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseIntList(const std::string& flag, const std::string& s) {
+  std::vector<int32_t> values;
+  for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipWhitespace())) {
+    int32_t v;
+    if (!absl::SimpleAtoi(part, &v)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": not an integer: ", part));
+    }
+    values.push_back(v);
+  }
+  return values;
+}
+
+// log softmax(logits)[target], in double.
+double LogProb(const float* logits, int32_t vocab, int32_t target) {
+  double max = logits[0];
+  for (int32_t i = 1; i < vocab; ++i) max = std::max<double>(max, logits[i]);
+  double sum = 0;
+  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
+  return logits[target] - max - std::log(sum);
+}
+
+class Eval {
+ public:
+  absl::Status Init() {
+    backend_ = CreateCpuBackend(absl::GetFlag(FLAGS_threads));
+    const std::string path = absl::GetFlag(FLAGS_model);
+    if (path.empty()) return absl::InvalidArgumentError("--model is required");
+    const auto start = Clock::now();
+    RS_ASSIGN_OR_RETURN(model_, LoadModel(path, *backend_));
+    spdlog::info("model loaded in {:.2f} s", SecondsSince(start));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<Json> Perplexity() {
+    RS_ASSIGN_OR_RETURN(std::string text, ReadFile(absl::GetFlag(FLAGS_text)));
+    std::vector<int32_t> tokens = model_->tokenizer->Encode(text, /*add_bos=*/true,
+                                                            /*parse_special=*/false);
+    const int32_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    if (max_tokens > 0 && static_cast<int32_t>(tokens.size()) > max_tokens) {
+      tokens.resize(max_tokens);
+    }
+    const int32_t ctx = std::min(absl::GetFlag(FLAGS_ctx), model_->config.context_length);
+    if (ctx < 2) return absl::InvalidArgumentError("--ctx must be at least 2");
+    // Non-overlapping windows of `ctx` tokens; every token but a window's first is scored
+    // given the window's preceding tokens.
+    SequenceRunner runner(*model_->llama, ctx);
+    const int32_t vocab = model_->config.vocab_size;
+    std::vector<float> logits;
+    double nll = 0;
+    int64_t scored = 0;
+    const auto start = Clock::now();
+    for (size_t begin = 0; begin + 1 < tokens.size(); begin += ctx) {
+      const size_t count = std::min<size_t>(ctx, tokens.size() - begin);
+      runner.Reset();
+      RS_RETURN_IF_ERROR(runner.Append(std::span(tokens).subspan(begin, count),
+                                       absl::GetFlag(FLAGS_chunk), /*all_logits=*/true, logits));
+      for (size_t i = 0; i + 1 < count; ++i) {
+        nll -= LogProb(&logits[i * vocab], vocab, tokens[begin + i + 1]);
+        ++scored;
+      }
+      spdlog::info("perplexity: {}/{} tokens, running ppl {:.4f}", begin + count, tokens.size(),
+                   std::exp(nll / std::max<int64_t>(scored, 1)));
+    }
+    if (scored == 0) return absl::InvalidArgumentError("text has fewer than 2 tokens");
+    const double seconds = SecondsSince(start);
+    return Json{{"tokens", scored},
+                {"nll", nll / scored},
+                {"perplexity", std::exp(nll / scored)},
+                {"tokens_per_second", tokens.size() / seconds}};
+  }
+
+  absl::StatusOr<Json> Generate() {
+    const Tokenizer& tok = *model_->tokenizer;
+    std::vector<int32_t> prompt;
+    if (absl::GetFlag(FLAGS_chat)) {
+      const ChatMessage message{"user", absl::GetFlag(FLAGS_prompt)};
+      const std::string text = tok.ApplyChatTemplate({&message, 1}, /*add_generation_prompt=*/true);
+      prompt = tok.Encode(text, /*add_bos=*/true, /*parse_special=*/true);
+    } else {
+      prompt = tok.Encode(absl::GetFlag(FLAGS_prompt), /*add_bos=*/true, /*parse_special=*/false);
+    }
+    if (prompt.empty()) return absl::InvalidArgumentError("--prompt is empty");
+    SamplingParams params;
+    params.temperature = absl::GetFlag(FLAGS_temperature);
+    params.top_p = absl::GetFlag(FLAGS_top_p);
+    params.top_k = absl::GetFlag(FLAGS_top_k);
+    params.min_p = absl::GetFlag(FLAGS_min_p);
+    params.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
+    params.seed = absl::GetFlag(FLAGS_seed);
+    params.has_seed = true;
+    RS_RETURN_IF_ERROR(ValidateSamplingParams(params));
+    Sampler sampler(params);
+
+    const int32_t max_new = absl::GetFlag(FLAGS_max_new_tokens);
+    const int32_t capacity =
+        std::min<int32_t>(model_->config.context_length, prompt.size() + max_new);
+    if (static_cast<int32_t>(prompt.size()) >= capacity) {
+      return absl::OutOfRangeError(absl::StrCat("prompt of ", prompt.size(),
+                                                " tokens fills the context"));
+    }
+    SequenceRunner runner(*model_->llama, capacity);
+    std::vector<int32_t> context = prompt;
+    std::vector<int32_t> generated;
+    std::vector<float> logits;
+    const auto start = Clock::now();
+    RS_RETURN_IF_ERROR(runner.Append(prompt, absl::GetFlag(FLAGS_chunk), false, logits));
+    double ttft = 0;
+    const auto decode_start = Clock::now();
+    while (static_cast<int32_t>(generated.size()) < max_new && runner.length() < capacity) {
+      const int32_t token = sampler.Sample(logits, context).token;
+      if (generated.empty()) ttft = SecondsSince(start);
+      if (sampler.IsStop(token, tok.end_of_generation_ids())) break;
+      generated.push_back(token);
+      context.push_back(token);
+      if (runner.length() + 1 > capacity) break;
+      const int32_t one[] = {token};
+      RS_RETURN_IF_ERROR(runner.Append(one, 1, false, logits));
+    }
+    const double decode_seconds = SecondsSince(decode_start);
+    return Json{{"text", tok.Decode(generated, /*skip_special=*/true)},
+                {"token_ids", generated},
+                {"prompt_tokens", prompt.size()},
+                {"ttft_seconds", ttft},
+                {"tokens_per_second",
+                 generated.empty() ? 0.0 : generated.size() / decode_seconds}};
+  }
+
+  absl::StatusOr<Json> BenchPrefill() {
+    RS_ASSIGN_OR_RETURN(std::vector<int32_t> lengths,
+                        ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
+    const ModelConfig& c = model_->config;
+    // Content does not change the cost; a fixed pseudo-random prompt keeps runs comparable.
+    std::mt19937 rng(1234);
+    std::uniform_int_distribution<int32_t> pick(256, c.vocab_size - 1);
+    Json results = Json::array();
+    for (int32_t length : lengths) {
+      if (length <= 0 || length > c.context_length) {
+        return absl::InvalidArgumentError(absl::StrCat("--lengths: ", length,
+                                                       " is outside 1..", c.context_length));
+      }
+      std::vector<int32_t> tokens(length);
+      for (int32_t& t : tokens) t = pick(rng);
+      SequenceRunner runner(*model_->llama, length);
+      std::vector<float> logits;
+      const auto start = Clock::now();
+      RS_RETURN_IF_ERROR(runner.Append(tokens, absl::GetFlag(FLAGS_chunk), false, logits));
+      const double seconds = SecondsSince(start);
+      // Multiply-adds x 2: the dense layers per token plus causal attention (QKᵀ and PV).
+      const double n = length;
+      const double dense = 2.0 * n * c.num_layers *
+                           (1.0 * c.hidden * (c.q_dim() + 2 * c.kv_dim()) +
+                            1.0 * c.q_dim() * c.hidden + 3.0 * c.hidden * c.ffn);
+      const double attention =
+          2.0 * 2.0 * c.num_layers * c.num_heads * c.head_dim * (n * (n + 1) / 2);
+      const double head = 2.0 * c.hidden * c.vocab_size;
+      results.push_back({{"prompt_tokens", length},
+                         {"seconds", seconds},
+                         {"tokens_per_second", length / seconds},
+                         {"gflop_per_second", (dense + attention + head) / seconds / 1e9}});
+      spdlog::info("bench-prefill: {} tokens in {:.3f} s", length, seconds);
+    }
+    return Json{{"results", results}, {"chunk", absl::GetFlag(FLAGS_chunk)}};
+  }
+
+  absl::StatusOr<Json> Logits() {
+    std::vector<int32_t> tokens;
+    if (!absl::GetFlag(FLAGS_token_ids).empty()) {
+      RS_ASSIGN_OR_RETURN(tokens, ParseIntList("token_ids", absl::GetFlag(FLAGS_token_ids)));
+    } else {
+      RS_ASSIGN_OR_RETURN(std::string text, ReadFile(absl::GetFlag(FLAGS_text)));
+      tokens = model_->tokenizer->Encode(text, /*add_bos=*/true, /*parse_special=*/false);
+    }
+    const std::string out = absl::GetFlag(FLAGS_out);
+    if (out.empty()) return absl::InvalidArgumentError("--out is required");
+    if (tokens.empty()) return absl::InvalidArgumentError("no input tokens");
+    SequenceRunner runner(*model_->llama, static_cast<int32_t>(tokens.size()));
+    std::vector<float> logits;
+    RS_RETURN_IF_ERROR(runner.Append(tokens, absl::GetFlag(FLAGS_chunk), true, logits));
+    std::ofstream file(out, std::ios::binary);
+    file.write(reinterpret_cast<const char*>(logits.data()), sizeof(float) * logits.size());
+    if (!file) return absl::InternalError(absl::StrCat(out, ": write failed"));
+    return Json{{"tokens", tokens.size()},
+                {"vocab_size", model_->config.vocab_size},
+                {"token_ids", tokens}};
+  }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Model> model_;
+};
+
+absl::StatusOr<Json> Run(const std::string& command) {
+  Eval eval;
+  if (command != "perplexity" && command != "generate" && command != "bench-prefill" &&
+      command != "logits") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
+  }
+  RS_RETURN_IF_ERROR(eval.Init());
+  if (command == "perplexity") return eval.Perplexity();
+  if (command == "generate") return eval.Generate();
+  if (command == "bench-prefill") return eval.BenchPrefill();
+  return eval.Logits();
+}
+
+}  // namespace
+}  // namespace ridgeserve
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "ridgeserve-eval <perplexity|generate|bench-prefill|logits> --model M [flags]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("eval"));
+  if (args.size() != 2) {
+    std::fprintf(stderr, "usage: %s\n", absl::ProgramUsageMessage().data());
+    return 2;
+  }
+  absl::StatusOr<nlohmann::json> result = ridgeserve::Run(args[1]);
+  if (!result.ok()) {
+    std::fprintf(stderr, "ridgeserve-eval: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s\n", result->dump().c_str());
+  return 0;
+}

@@ -1,0 +1,47 @@
+#include "engine/tools/sequence_runner.h"
+
+#include <algorithm>
+
+#include "engine/common/status_macros.h"
+
+namespace ridgeserve {
+
+SequenceRunner::SequenceRunner(LlamaModel& model, int32_t max_tokens, int32_t block_size)
+    : model_(model),
+      cache_(model.backend(), KvCacheShape{model.config().num_layers,
+                                           model.config().num_kv_heads, model.config().head_dim,
+                                           block_size, (max_tokens + block_size - 1) / block_size}) {
+}
+
+SequenceRunner::~SequenceRunner() { Reset(); }
+
+absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chunk,
+                                    bool all_logits, std::vector<float>& logits) {
+  const int32_t vocab = model_.config().vocab_size;
+  const int32_t block_size = cache_.shape().block_size;
+  RS_RETURN_IF_ERROR(
+      table_.Reserve(cache_.pool(), length_ + static_cast<int32_t>(tokens.size()), block_size));
+  logits.clear();
+  for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
+    const size_t count = std::min<size_t>(chunk, tokens.size() - begin);
+    ForwardBatch batch;
+    batch.AddSequence(table_, block_size, tokens.subspan(begin, count), length_,
+                      /*want_logits=*/true);
+    if (all_logits) batch.RequestAllLogits();
+    RS_RETURN_IF_ERROR(model_.Forward(batch, cache_, chunk_logits_));
+    length_ += static_cast<int32_t>(count);
+    if (all_logits) {
+      logits.insert(logits.end(), chunk_logits_.begin(), chunk_logits_.end());
+    } else if (begin + count == tokens.size()) {
+      logits.assign(chunk_logits_.end() - vocab, chunk_logits_.end());
+    }
+  }
+  return absl::OkStatus();
+}
+
+void SequenceRunner::Reset() {
+  table_.Release(cache_.pool());
+  length_ = 0;
+}
+
+}  // namespace ridgeserve

@@ -1,0 +1,96 @@
+// Batch invariance of the whole forward pass on the default model: a sequence's logits are
+// bitwise the same alone, split into prefill chunks, and batched with other sequences (some
+// prefilling, some decoding).
+#include <random>
+
+#include "engine/model/model.h"
+#include "engine/tools/sequence_runner.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace ridgeserve {
+namespace {
+
+class ForwardTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = CreateCpuBackend(0).release();
+    auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, *backend_);
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = model->release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete backend_;
+  }
+
+  static std::vector<int32_t> RandomTokens(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> pick(3, model_->config.vocab_size - 1);
+    std::vector<int32_t> tokens(n);
+    for (int32_t& t : tokens) t = pick(rng);
+    return tokens;
+  }
+
+  static std::vector<float> AloneAllLogits(const std::vector<int32_t>& tokens, int chunk) {
+    SequenceRunner runner(*model_->llama, static_cast<int32_t>(tokens.size()));
+    std::vector<float> logits;
+    EXPECT_TRUE(runner.Append(tokens, chunk, /*all_logits=*/true, logits).ok());
+    return logits;
+  }
+
+  static Backend* backend_;
+  static Model* model_;
+};
+Backend* ForwardTest::backend_ = nullptr;
+Model* ForwardTest::model_ = nullptr;
+
+TEST_F(ForwardTest, ChunkedPrefillIsBitwiseIdentical) {
+  const std::vector<int32_t> tokens = RandomTokens(150, 1);
+  const std::vector<float> whole = AloneAllLogits(tokens, 150);
+  for (int chunk : {1, 7, 64}) {
+    EXPECT_EQ(AloneAllLogits(tokens, chunk), whole) << "chunk " << chunk;
+  }
+}
+
+TEST_F(ForwardTest, BatchedSequencesMatchEachAlone) {
+  const int32_t vocab = model_->config.vocab_size;
+  const std::vector<int32_t> a = RandomTokens(90, 2);
+  const std::vector<int32_t> b = RandomTokens(40, 3);
+  const std::vector<float> a_alone = AloneAllLogits(a, 90);
+  const std::vector<float> b_alone = AloneAllLogits(b, 40);
+
+  const ModelConfig& c = model_->config;
+  PagedKvCache cache(*backend_, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, 16, 32});
+  BlockTable ta, tb;
+  ASSERT_TRUE(ta.Reserve(cache.pool(), 90, 16).ok());
+  ASSERT_TRUE(tb.Reserve(cache.pool(), 40, 16).ok());
+  std::vector<float> logits;
+
+  // Step 1: a's first 60 tokens and all of b's 39 first tokens together.
+  ForwardBatch step1;
+  step1.AddSequence(ta, 16, std::span(a).first(60), 0, true);
+  step1.AddSequence(tb, 16, std::span(b).first(39), 0, true);
+  ASSERT_TRUE(model_->llama->Forward(step1, cache, logits).ok());
+  ASSERT_EQ(logits.size(), 2u * vocab);
+  EXPECT_TRUE(std::equal(logits.begin(), logits.begin() + vocab, a_alone.begin() + 59 * vocab));
+  EXPECT_TRUE(std::equal(logits.begin() + vocab, logits.end(), b_alone.begin() + 38 * vocab));
+
+  // Step 2: b decodes one token while a prefills the rest.
+  ForwardBatch step2;
+  step2.AddSequence(tb, 16, std::span(b).subspan(39, 1), 39, true);
+  step2.AddSequence(ta, 16, std::span(a).subspan(60), 60, true);
+  ASSERT_TRUE(model_->llama->Forward(step2, cache, logits).ok());
+  EXPECT_TRUE(std::equal(logits.begin(), logits.begin() + vocab, b_alone.begin() + 39 * vocab));
+  EXPECT_TRUE(std::equal(logits.begin() + vocab, logits.end(), a_alone.begin() + 89 * vocab));
+}
+
+TEST_F(ForwardTest, RejectsTokenOutsideVocabulary) {
+  SequenceRunner runner(*model_->llama, 4);
+  std::vector<float> logits;
+  const int32_t bad[] = {model_->config.vocab_size};
+  EXPECT_EQ(runner.Append(bad, 1, false, logits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ridgeserve

@@ -1,0 +1,142 @@
+"""ridgeserve-eval logits on the default model vs the independent NumPy reference.
+
+At every position of >= 512 tokens of fixed English text (Apache-2.0 licence text):
+  * max |d| and mean |d| between the C++ logits (float32) and the float64 reference computed from
+    the same dequantized weights stay under MAX_ABS_DIFF / MEAN_ABS_DIFF;
+  * the top-1 token agrees wherever the reference's top-2 margin exceeds MARGIN;
+  * the token ids ridgeserve-eval produced from --text equal those of an independent tokenizer
+    (HF `tokenizers` BPE built from the GGUF's vocabulary and merges);
+  * prefilling in chunks of 100 tokens gives bitwise the same logits (batch invariance).
+Prints the numbers it checked; exits nonzero on failure.
+"""
+
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+SOURCE_DIR = os.environ.get(
+    "RIDGESERVE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+)
+sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "reference"))
+
+import eval_cli  # noqa: E402
+import gguf_tokenizer  # noqa: E402
+import llama_numpy  # noqa: E402
+
+TEXT_FILES = ["/usr/share/common-licenses/Apache-2.0", "/usr/share/common-licenses/GPL-3"]
+TEXT_CHARS = 3000  # ~585 SmolLM2 tokens of the Apache licence
+MIN_TOKENS = 512
+
+# Bounds. Both sides use the same dequantized weights, so the difference is float32 rounding
+# in the C++ forward pass against a float64 reference. The same NumPy forward in float32 (BLAS
+# sums) lands at max|d| ~8e-5, mean ~7e-6 on this text (printed below as a calibration line),
+# with logits up to ~40 in magnitude. Another summation order, fused multiply-adds or a
+# polynomial exp may cost a few times that; 1e-2 (2.5e-4 relative to the largest logits, about
+# 100x the NumPy float32 error) still catches every real bug we know of (wrong rope pair, a
+# skipped bias or norm, an off-by-one position give errors of order 1). A kernel that
+# quantizes activations (as ggml's q8_1 dot products do) would fail this bound on purpose: the
+# reference path is meant to be float32 exact-weight math.
+MAX_ABS_DIFF = 1e-2
+MEAN_ABS_DIFF = 1e-3
+MARGIN = 1e-3
+CHUNK = 100
+
+
+def main() -> int:
+    model_path = os.environ.get("RIDGESERVE_DEFAULT_MODEL")
+    if not model_path or not os.path.exists(model_path):
+        print(f"FAIL: RIDGESERVE_DEFAULT_MODEL={model_path!r} does not exist")
+        return 1
+    text_path = next((p for p in TEXT_FILES if os.path.exists(p)), None)
+    if text_path is None:
+        print(f"FAIL: none of {TEXT_FILES} exists")
+        return 1
+    with open(text_path, encoding="utf-8") as f:
+        text = f.read()[:TEXT_CHARS]
+
+    start = time.monotonic()
+    ref_model = llama_numpy.load_model(model_path)
+    ref_ids = gguf_tokenizer.encode(ref_model.metadata, text)
+    print(f"text: first {TEXT_CHARS} chars of {text_path} -> {len(ref_ids)} tokens "
+          f"(independent tokenizer)")
+    if len(ref_ids) < MIN_TOKENS:
+        print(f"FAIL: only {len(ref_ids)} tokens, need {MIN_TOKENS}")
+        return 1
+    ref = ref_model.forward(ref_ids)
+    ref32 = ref_model.astype(np.float32).forward(ref_ids)
+    print(f"reference: float64 forward in {time.monotonic() - start:.1f}s, "
+          f"perplexity {llama_numpy.perplexity(ref, ref_ids):.3f}")
+    eval_cli.compare("calibration: numpy float32 vs float64", ref32, ref)
+    del ref32
+
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        text_file = os.path.join(tmp, "text.txt")
+        with open(text_file, "w", encoding="utf-8") as f:
+            f.write(text)
+        full = eval_cli.run_logits(model_path, text_file=text_file)
+        print(f"ridgeserve-eval --text: {len(full.token_ids)} tokens in {full.seconds:.1f}s")
+        if full.token_ids != ref_ids:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(full.token_ids, ref_ids)) if a != b),
+                min(len(full.token_ids), len(ref_ids)),
+            )
+            failures.append(
+                f"token ids differ from the reference tokenizer at index {first}: "
+                f"got {full.token_ids[first:first + 8]}, expected {ref_ids[first:first + 8]}"
+            )
+            # Compare logits on the reference ids anyway, so this test still measures the model.
+            full = eval_cli.run_logits(model_path, token_ids=ref_ids)
+            chunk_args = {"token_ids": ref_ids}
+        else:
+            print("token ids: identical to the reference tokenizer")
+            chunk_args = {"text_file": text_file}
+
+        max_d, mean_d = eval_cli.compare("ridgeserve-eval vs reference", full.logits, ref)
+        per_pos = np.abs(full.logits.astype(np.float64) - ref).max(axis=1)
+        bad_pos = np.nonzero(per_pos > MAX_ABS_DIFF)[0]
+        if max_d > MAX_ABS_DIFF:
+            failures.append(
+                f"max|d| {max_d:.3g} > {MAX_ABS_DIFF} at {bad_pos.size} positions, first "
+                f"{bad_pos[:10].tolist()}"
+            )
+        if mean_d > MEAN_ABS_DIFF:
+            failures.append(f"mean|d| {mean_d:.3g} > {MEAN_ABS_DIFF}")
+
+        top2 = np.sort(ref, axis=1)[:, -2:]
+        decisive = (top2[:, 1] - top2[:, 0]) > MARGIN
+        disagree = np.nonzero(decisive & (full.logits.argmax(axis=1) != ref.argmax(axis=1)))[0]
+        print(f"top-1: checked at {int(decisive.sum())}/{len(ref_ids)} positions "
+              f"(top-2 margin > {MARGIN}), disagreements: {disagree.size}")
+        if disagree.size:
+            failures.append(f"top-1 differs at positions {disagree[:10].tolist()}")
+        print(f"ridgeserve-eval perplexity {llama_numpy.perplexity(full.logits, ref_ids):.3f}")
+
+        chunked = eval_cli.run_logits(model_path, chunk=CHUNK, **chunk_args)
+        if chunked.logits.shape != full.logits.shape:
+            failures.append(f"--chunk {CHUNK}: shape {chunked.logits.shape} != {full.logits.shape}")
+        else:
+            differ = np.nonzero(np.any(chunked.logits.view(np.uint32) !=
+                                       full.logits.view(np.uint32), axis=1))[0]
+            print(f"--chunk {CHUNK}: {differ.size} positions not bitwise identical to one prefill "
+                  f"(max|d| {np.abs(chunked.logits - full.logits).max():.3g})")
+            if differ.size:
+                failures.append(
+                    f"--chunk {CHUNK} changes logits at positions {differ[:10].tolist()}"
+                )
+
+    for f in failures:
+        print("FAIL:", f)
+    print("PASS" if not failures else "FAILED")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except eval_cli.EvalError as e:
+        print("FAIL:", e)
+        sys.exit(1)
