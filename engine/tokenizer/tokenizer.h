@@ -35,7 +35,9 @@ class Tokenizer {
 
   // Token ids for `text`. Prepends BOS when the model asks for it and add_bos is set.
   // With parse_special, special-token strings in the text (e.g. "<|im_start|>") become their
-  // ids; without it they are tokenized as plain text.
+  // ids; without it they are tokenized as plain text. Ids match Hugging Face tokenizers.
+  // `text` need not be valid UTF-8: invalid bytes are encoded as bytes; a byte whose symbol
+  // the vocabulary lacks is dropped, as tokenizers drops it (SmolLM2 lacks 0x04, 0xFF, ...).
   virtual std::vector<int32_t> Encode(std::string_view text, bool add_bos,
                                       bool parse_special) const = 0;
   // The bytes of the tokens concatenated (special tokens as their text unless skip_special).
@@ -52,7 +54,8 @@ class Tokenizer {
 
   // The chat template chosen from the model's metadata (tokenizer.chat_template).
   virtual ChatTemplateKind chat_template() const = 0;
-  // The prompt text for `messages` (special tokens as text: encode with parse_special).
+  // The prompt text for `messages` (special tokens as text: encode with parse_special, and
+  // with add_bos = false: Llama 3's prompt already starts with the BOS text).
   // ChatML inserts SmolLM2's default system prompt when the first message is not a system
   // message and the model's template does so.
   virtual std::string ApplyChatTemplate(std::span<const ChatMessage> messages,

@@ -143,7 +143,8 @@ class Eval {
     if (absl::GetFlag(FLAGS_chat)) {
       const ChatMessage message{"user", absl::GetFlag(FLAGS_prompt)};
       const std::string text = tok.ApplyChatTemplate({&message, 1}, /*add_generation_prompt=*/true);
-      prompt = tok.Encode(text, /*add_bos=*/true, /*parse_special=*/true);
+      // The template already starts with BOS where the model wants one.
+      prompt = tok.Encode(text, /*add_bos=*/false, /*parse_special=*/true);
     } else {
       prompt = tok.Encode(absl::GetFlag(FLAGS_prompt), /*add_bos=*/true, /*parse_special=*/false);
     }
