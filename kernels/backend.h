@@ -72,6 +72,8 @@ class Backend {
   virtual std::string_view name() const = 0;
 
   // --- memory ---------------------------------------------------------------------------
+  // Uninitialized memory, 64-byte aligned on the CPU. Returns an empty buffer (null data)
+  // when bytes == 0 or the memory cannot be allocated.
   virtual DeviceBuffer Alloc(size_t bytes) = 0;
   virtual void FreeRaw(void* data) = 0;  // called by DeviceBuffer
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
@@ -83,18 +85,28 @@ class Backend {
   // out[i, :] = table[ids[i], :]; table [vocab, dim].
   virtual void Embed(const float* table, int32_t dim, const int32_t* ids, int32_t n,
                      float* out) = 0;
-  // out[i, :] = x[i, :] / rms(x[i, :]) * w; x, out [n, dim] (may alias).
+  // out[i, :] = x[i, :] / rms(x[i, :]) * w; x, out [n, dim] (may alias). CPU: the sum of
+  // squares is accumulated in double (fixed order), r = float(1 / sqrt(sum / dim + eps)) in
+  // double, then out = (x * r) * w in float.
   virtual void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
                        float* out) = 0;
   // In place, per head: x[i, h*head_dim : (h+1)*head_dim] normalized with w [head_dim]
-  // (Qwen3 QK-norm). x rows are `ld` apart.
-  virtual void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads,
-                            int32_t head_dim, const float* w, float eps) = 0;
-  // y[n, m] = x[n, k] · wᵀ (+ bias); w [m, k] row-major (PyTorch Linear layout).
+  // (Qwen3 QK-norm), with RmsNorm's arithmetic. x rows are `ld` apart.
+  virtual void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
+                            const float* w, float eps) = 0;
+  // y[n, m] = x[n, k] · wᵀ (+ bias, added after the product); w [m, k] row-major (PyTorch
+  // Linear layout). A row's bits do not depend on n or on the row's place in x.
   virtual void MatMul(const float* x, int32_t n, int32_t k, const float* w, int32_t m,
                       const float* bias, float* y) = 0;
   // In place rotary embedding, half-split ("NeoX"/Hugging Face) layout: within each head,
   // pairs (j, j + head_dim/2) rotate by positions[i] * inv_freq[j]. x rows are `ld` apart.
+  // The angle is a float product, as Hugging Face computes it in float32:
+  //   theta = float(positions[i]) * inv_freq[j]              (rounded to float)
+  //   c = float(cos(double(theta))), s = float(sin(double(theta)))
+  //   with a = x[j], b = x[j + half]: x[j] = a * c - b * s, x[j + half] = b * c + a * s
+  //   in float (a product may be fused into an FMA)
+  // NumPy: theta = np.float32(pos) * inv_freq (float32 arrays), then
+  //   c = np.cos(theta.astype(np.float64)).astype(np.float32), likewise s.
   virtual void Rope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
                     const int32_t* positions, const float* inv_freq) = 0;
   // Writes row i of k and v (each num_kv_heads*head_dim wide, rows `ld` apart) to slots[i].
@@ -102,11 +114,14 @@ class Backend {
                        int32_t n, const int32_t* slots) = 0;
   // out[i, h*head_dim...] = softmax(q_h · Kᵀ * scale) · V over the row's causal context,
   // with GQA (query head h uses KV head h / (num_heads / num_kv_heads)). q rows are `ld`
-  // apart; out [n, num_heads*head_dim]. KV blocks are visited in sequence order, so a row's
-  // result does not depend on the other rows.
+  // apart; out [n, num_heads*head_dim]. A row's context is consumed in increasing position
+  // order (CPU: online softmax over chunks of 64 positions, running max and sum), so its
+  // result depends only on its query, its position and the cached K/V: not on the other rows,
+  // on how a prefill is chunked, or on the block size and which blocks hold the tokens.
   virtual void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
                          const AttentionRows& rows, float scale, float* out) = 0;
   // out[i, j] = silu(gate_up[i, j]) * gate_up[i, ff + j]; gate_up [n, 2*ff], out [n, ff].
+  // silu(g) = g / (1 + exp(-g)) in float (CPU: exp within 2 ulp).
   virtual void SwiGlu(const float* gate_up, int32_t n, int32_t ff, float* out) = 0;
   // x[i] += y[i] for i < count.
   virtual void Add(float* x, const float* y, size_t count) = 0;

@@ -9,11 +9,11 @@
 #define RS_STATUS_CONCAT(a, b) RS_STATUS_CONCAT_INNER(a, b)
 
 // Returns the status from the enclosing function when `expr` is not OK.
-#define RS_RETURN_IF_ERROR(expr)                  \
-  do {                                            \
+#define RS_RETURN_IF_ERROR(expr)                                \
+  do {                                                          \
     if (::absl::Status rs_status_ = (expr); !rs_status_.ok()) { \
-      return rs_status_;                          \
-    }                                             \
+      return rs_status_;                                        \
+    }                                                           \
   } while (0)
 
 // `lhs = value of expr`, or returns its status when not OK.

@@ -13,7 +13,7 @@ PagedKvCache::PagedKvCache(Backend& backend, const KvCacheShape& shape)
 }
 
 KvLayerView PagedKvCache::layer(int32_t l) const {
-  return KvLayerView{k_[l].as<float>(), v_[l].as<float>(), shape_.num_blocks,
+  return KvLayerView{k_[l].as<float>(), v_[l].as<float>(),   shape_.num_blocks,
                      shape_.block_size, shape_.num_kv_heads, shape_.head_dim};
 }
 

@@ -29,8 +29,8 @@ struct ModelConfig {
   int32_t context_length = 0;
   float rms_eps = 1e-5f;
   float rope_theta = 10000.0f;
-  bool qkv_bias = false;        // Qwen2/2.5
-  bool qk_norm = false;         // Qwen3
+  bool qkv_bias = false;         // Qwen2/2.5
+  bool qk_norm = false;          // Qwen3
   bool tied_embeddings = false;  // LM head is the token embedding
   // Rotary inverse frequencies [head_dim / 2], Llama 3 scaling already applied:
   // inv_freq[j] = theta^(-2j/head_dim) / scaling_factor[j].

@@ -12,9 +12,9 @@
 namespace ridgeserve {
 
 struct TypeTraits {
-  std::string_view name;    // "Q4_K"
-  int64_t block_elements;   // weights per block (1 for F32/F16/BF16)
-  int64_t block_bytes;      // bytes per block
+  std::string_view name;   // "Q4_K"
+  int64_t block_elements;  // weights per block (1 for F32/F16/BF16)
+  int64_t block_bytes;     // bytes per block
 };
 
 // Unimplemented for types this build cannot read.

@@ -18,10 +18,10 @@ namespace ridgeserve {
 // One forward step: rows from one or more sequences. Every row's K/V is written to its slot
 // before attention, so rows of the same sequence in one step see each other causally.
 struct ForwardBatch {
-  std::vector<int32_t> tokens;     // [rows]
-  std::vector<int32_t> positions;  // [rows] absolute position in its sequence
-  std::vector<int32_t> seq;        // [rows] index of the row's sequence in block_tables
-  std::vector<int32_t> slots;      // [rows] KV-cache slot the row's K/V go to
+  std::vector<int32_t> tokens;        // [rows]
+  std::vector<int32_t> positions;     // [rows] absolute position in its sequence
+  std::vector<int32_t> seq;           // [rows] index of the row's sequence in block_tables
+  std::vector<int32_t> slots;         // [rows] KV-cache slot the row's K/V go to
   std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], padded with 0
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> logit_rows;  // rows whose logits are wanted, in output order
@@ -57,15 +57,15 @@ class LlamaModel {
   int32_t capacity_rows_ = 0;
   int32_t capacity_table_ = 0;
   int32_t capacity_logit_rows_ = 0;
-  DeviceBuffer x_;       // [rows, hidden] residual stream
-  DeviceBuffer xn_;      // [rows, hidden] normalized
-  DeviceBuffer qkv_;     // [rows, q_dim + 2 kv_dim]
-  DeviceBuffer attn_;    // [rows, q_dim]
-  DeviceBuffer proj_;    // [rows, hidden]
-  DeviceBuffer gate_up_; // [rows, 2 ffn]
-  DeviceBuffer act_;     // [rows, ffn]
+  DeviceBuffer x_;                                              // [rows, hidden] residual stream
+  DeviceBuffer xn_;                                             // [rows, hidden] normalized
+  DeviceBuffer qkv_;                                            // [rows, q_dim + 2 kv_dim]
+  DeviceBuffer attn_;                                           // [rows, q_dim]
+  DeviceBuffer proj_;                                           // [rows, hidden]
+  DeviceBuffer gate_up_;                                        // [rows, 2 ffn]
+  DeviceBuffer act_;                                            // [rows, ffn]
   DeviceBuffer tokens_, positions_, seq_, slots_, logit_rows_;  // int32 [rows]
-  DeviceBuffer tables_;  // int32 [num_seqs * max_blocks]
+  DeviceBuffer tables_;                                         // int32 [num_seqs * max_blocks]
   DeviceBuffer head_in_;  // [rows, hidden] rows gathered for the LM head
   DeviceBuffer logits_;   // [logit rows, vocab]
 };

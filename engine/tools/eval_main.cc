@@ -164,8 +164,8 @@ class Eval {
     const int32_t capacity =
         std::min<int32_t>(model_->config.context_length, prompt.size() + max_new);
     if (static_cast<int32_t>(prompt.size()) >= capacity) {
-      return absl::OutOfRangeError(absl::StrCat("prompt of ", prompt.size(),
-                                                " tokens fills the context"));
+      return absl::OutOfRangeError(
+          absl::StrCat("prompt of ", prompt.size(), " tokens fills the context"));
     }
     SequenceRunner runner(*model_->llama, capacity);
     std::vector<int32_t> context = prompt;
@@ -190,8 +190,7 @@ class Eval {
                 {"token_ids", generated},
                 {"prompt_tokens", prompt.size()},
                 {"ttft_seconds", ttft},
-                {"tokens_per_second",
-                 generated.empty() ? 0.0 : generated.size() / decode_seconds}};
+                {"tokens_per_second", generated.empty() ? 0.0 : generated.size() / decode_seconds}};
   }
 
   absl::StatusOr<Json> BenchPrefill() {
@@ -204,8 +203,8 @@ class Eval {
     Json results = Json::array();
     for (int32_t length : lengths) {
       if (length <= 0 || length > c.context_length) {
-        return absl::InvalidArgumentError(absl::StrCat("--lengths: ", length,
-                                                       " is outside 1..", c.context_length));
+        return absl::InvalidArgumentError(
+            absl::StrCat("--lengths: ", length, " is outside 1..", c.context_length));
       }
       std::vector<int32_t> tokens(length);
       for (int32_t& t : tokens) t = pick(rng);

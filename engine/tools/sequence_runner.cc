@@ -8,15 +8,14 @@ namespace ridgeserve {
 
 SequenceRunner::SequenceRunner(LlamaModel& model, int32_t max_tokens, int32_t block_size)
     : model_(model),
-      cache_(model.backend(), KvCacheShape{model.config().num_layers,
-                                           model.config().num_kv_heads, model.config().head_dim,
-                                           block_size, (max_tokens + block_size - 1) / block_size}) {
-}
+      cache_(model.backend(), KvCacheShape{model.config().num_layers, model.config().num_kv_heads,
+                                           model.config().head_dim, block_size,
+                                           (max_tokens + block_size - 1) / block_size}) {}
 
 SequenceRunner::~SequenceRunner() { Reset(); }
 
-absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chunk,
-                                    bool all_logits, std::vector<float>& logits) {
+absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chunk, bool all_logits,
+                                    std::vector<float>& logits) {
   const int32_t vocab = model_.config().vocab_size;
   const int32_t block_size = cache_.shape().block_size;
   RS_RETURN_IF_ERROR(

@@ -20,6 +20,7 @@ import numpy as np
 SOURCE_DIR = os.environ.get(
     "RIDGESERVE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 )
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "reference"))
 
 import gguf_tokenizer  # noqa: E402

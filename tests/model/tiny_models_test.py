@@ -23,6 +23,7 @@ import numpy as np
 SOURCE_DIR = os.environ.get(
     "RIDGESERVE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 )
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "reference"))
 
 import eval_cli  # noqa: E402
@@ -43,6 +44,7 @@ CROSS_TOL = 5e-5
 # float32 divisors above.
 FIXTURE_TOL = 1e-5
 CHUNK = 7
+ONE_PREFILL = 1 << 20  # --chunk larger than any input: the whole sequence in one pass
 # Plain text only: whether --text parses special-token strings is a tokenizer option, not
 # what this test is about.
 TEXT = (
@@ -97,7 +99,7 @@ def check_model(m, tmp: str, c: Checker):
     out = {}
     for label, path in copies.items():
         try:
-            out[label] = eval_cli.run_logits(path, token_ids=ids).logits
+            out[label] = eval_cli.run_logits(path, token_ids=ids, chunk=ONE_PREFILL).logits
         except eval_cli.EvalError as e:
             c.expect(False, f"{spec.name} {label}: {e}")
             continue
@@ -123,7 +125,7 @@ def check_model(m, tmp: str, c: Checker):
     ref_text = ref_hf_model.forward(want_ids)
     for label in ("hf", "gguf"):
         try:
-            got = eval_cli.run_logits(copies[label], text_file=text_file)
+            got = eval_cli.run_logits(copies[label], text_file=text_file, chunk=ONE_PREFILL)
         except eval_cli.EvalError as e:
             c.expect(False, f"{spec.name} {label} --text: {e}")
             continue

@@ -1,0 +1,268 @@
+// Benchmarks of the CPU backend at the default model's shapes (SmolLM2-135M: hidden 576,
+// 9 q heads / 3 kv heads of 64, FFN 1536, vocab 49152), with the machine's peak for scale.
+//
+//   build-kern/bin/bench_kernels --benchmark_counters_tabular=true
+//
+// Counters: FLOPS is useful floating-point operations per second (an FMA counts 2);
+// GHz (BM_Clock) is the core clock measured with a chain of dependent integer adds, which
+// retire one per cycle.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/simd.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace ridgeserve {
+namespace {
+
+using ::ridgeserve::testing::RandomFloats;
+namespace simd = cpu::simd;
+
+constexpr int kThreads = 2;
+
+// Core clock: 1000 dependent 1-cycle adds per iteration.
+void BM_Clock(benchmark::State& state) {
+  constexpr int kAdds = 1000;
+  uint64_t x = 0;
+  for (auto _ : state) {
+    for (int i = 0; i < kAdds / 10; ++i) {
+      asm volatile(
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\t"
+          "add $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0\n\tadd $1, %0"
+          : "+r"(x));
+    }
+  }
+  benchmark::DoNotOptimize(x);
+  state.counters["GHz"] =
+      benchmark::Counter(double(kAdds) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Clock);
+
+// Peak FMA throughput with the build's vector width: 12 independent accumulators (more than
+// FMA latency x ports), on state.range(0) threads.
+void BM_PeakFma(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  constexpr int kAcc = 12;
+  constexpr int kSteps = 4096;
+  double sink = 0.0;
+  for (auto _ : state) {
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      simd::VecF acc[kAcc];
+      for (int a = 0; a < kAcc; ++a) acc[a] = simd::Set1(float(a + omp_get_thread_num()));
+      simd::VecF b = simd::Set1(0.999999f), c = simd::Set1(1e-7f);
+      benchmark::DoNotOptimize(b);
+      benchmark::DoNotOptimize(c);
+      for (int s = 0; s < kSteps; ++s) {
+        for (int a = 0; a < kAcc; ++a) acc[a] = simd::Fma(acc[a], b, c);
+      }
+      for (int a = 0; a < kAcc; ++a) sink += simd::ReduceAdd(acc[a]);
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  const double flops = 2.0 * simd::kLanes * kAcc * kSteps * threads;
+  state.counters["FLOPS"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["lanes"] = simd::kLanes;
+}
+BENCHMARK(BM_PeakFma)->Arg(1)->Arg(2)->UseRealTime();
+
+// y[n, m] = x[n, k] · w[m, k]ᵀ.
+void BM_MatMul(benchmark::State& state) {
+  const int32_t n = state.range(0), k = state.range(1), m = state.range(2);
+  auto backend = CreateCpuBackend(kThreads);
+  const std::vector<float> x = RandomFloats(size_t(n) * k, 1);
+  const std::vector<float> w = RandomFloats(size_t(m) * k, 2, -0.05f, 0.05f);
+  std::vector<float> y(size_t(n) * m);
+  for (auto _ : state) {
+    backend->MatMul(x.data(), n, k, w.data(), m, nullptr, y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(2.0 * n * k * m, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_MatMul)
+    ->ArgNames({"n", "k", "m"})
+    ->Args({512, 576, 576})   // q / o projection
+    ->Args({512, 576, 192})   // k or v projection
+    ->Args({512, 576, 960})   // fused q, k, v
+    ->Args({512, 576, 3072})  // fused gate and up
+    ->Args({512, 1536, 576})  // down
+    ->Args({1, 576, 49152})   // LM head for one decode row
+    ->Args({1, 576, 576})     // decode q projection
+    ->UseRealTime();
+
+// One layer's K/V for `num_seqs` sequences of `context` tokens in a cache of 16-token blocks
+// handed out in shuffled order, and query rows for the last `rows_per_seq` positions of each.
+struct AttentionSetup {
+  static constexpr int32_t kHeads = 9, kKvHeads = 3, kHeadDim = 64, kBlock = 16;
+
+  AttentionSetup(int32_t num_seqs, int32_t context, int32_t rows_per_seq) {
+    const int32_t kv_width = kKvHeads * kHeadDim;
+    max_blocks = (context + kBlock - 1) / kBlock;
+    const int32_t num_blocks = max_blocks * num_seqs;
+    k = RandomFloats(size_t(num_blocks) * kBlock * kv_width, 3);
+    v = RandomFloats(size_t(num_blocks) * kBlock * kv_width, 4);
+    view = {k.data(), v.data(), num_blocks, kBlock, kKvHeads, kHeadDim};
+    tables.resize(num_blocks);
+    std::iota(tables.begin(), tables.end(), 0);
+    std::shuffle(tables.begin(), tables.end(), std::mt19937(5));
+    for (int32_t s = 0; s < num_seqs; ++s) {
+      for (int32_t p = context - rows_per_seq; p < context; ++p) {
+        positions.push_back(p);
+        seqs.push_back(s);
+        flops += 4.0 * kHeads * kHeadDim * (p + 1);  // q·k and p·v, 2 FLOPs per FMA
+      }
+    }
+    const int32_t n = static_cast<int32_t>(positions.size());
+    q = RandomFloats(size_t(n) * kHeads * kHeadDim, 6);
+    out.resize(q.size());
+    rows = {n, positions.data(), seqs.data(), tables.data(), max_blocks};
+  }
+  void Run(Backend& backend) {
+    backend.Attention(q.data(), kHeads * kHeadDim, kHeads, view, rows, 0.125f, out.data());
+  }
+
+  std::vector<float> k, v, q, out;
+  std::vector<int32_t> tables, positions, seqs;
+  int32_t max_blocks;
+  KvLayerView view;
+  AttentionRows rows;
+  double flops = 0.0;
+};
+
+// Prefill of state.range(0) rows over a context of the same length: the O(n^2) part.
+void BM_AttentionPrefill(benchmark::State& state) {
+  auto backend = CreateCpuBackend(static_cast<int>(state.range(1)));
+  const int32_t n = static_cast<int32_t>(state.range(0));
+  AttentionSetup setup(1, n, n);
+  for (auto _ : state) setup.Run(*backend);
+  state.counters["FLOPS"] =
+      benchmark::Counter(setup.flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionPrefill)
+    ->ArgNames({"rows", "threads"})
+    ->Args({2048, 2})
+    ->Args({2048, 1})
+    ->Args({512, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// Decode: one row for each of state.range(0) sequences at context state.range(1).
+void BM_AttentionDecode(benchmark::State& state) {
+  auto backend = CreateCpuBackend(kThreads);
+  AttentionSetup setup(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)),
+                       1);
+  for (auto _ : state) setup.Run(*backend);
+  state.counters["FLOPS"] =
+      benchmark::Counter(setup.flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_AttentionDecode)
+    ->ArgNames({"seqs", "context"})
+    ->Args({1, 2048})
+    ->Args({16, 2048})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
+
+void BM_RmsNorm(benchmark::State& state) {
+  auto backend = CreateCpuBackend(kThreads);
+  const int32_t n = 512, dim = 576;
+  const std::vector<float> x = RandomFloats(size_t(n) * dim, 7), w = RandomFloats(dim, 8);
+  std::vector<float> y(x.size());
+  for (auto _ : state) backend->RmsNorm(x.data(), w.data(), n, dim, 1e-5f, y.data());
+}
+BENCHMARK(BM_RmsNorm)->UseRealTime();
+
+void BM_Rope(benchmark::State& state) {
+  auto backend = CreateCpuBackend(kThreads);
+  const int32_t n = 512, heads = 9, head_dim = 64;
+  std::vector<float> x = RandomFloats(size_t(n) * heads * head_dim, 9);
+  std::vector<int32_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 1000);
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int32_t j = 0; j < head_dim / 2; ++j) inv_freq[j] = std::pow(1e5f, -2.0f * j / head_dim);
+  for (auto _ : state) {
+    backend->Rope(x.data(), heads * head_dim, n, heads, head_dim, positions.data(),
+                  inv_freq.data());
+  }
+}
+BENCHMARK(BM_Rope)->UseRealTime();
+
+void BM_SwiGlu(benchmark::State& state) {
+  auto backend = CreateCpuBackend(kThreads);
+  const int32_t n = 512, ff = 1536;
+  const std::vector<float> x = RandomFloats(size_t(n) * 2 * ff, 10, -6.0f, 6.0f);
+  std::vector<float> y(size_t(n) * ff);
+  for (auto _ : state) backend->SwiGlu(x.data(), n, ff, y.data());
+}
+BENCHMARK(BM_SwiGlu)->UseRealTime();
+
+// One decoder layer of a 512-row prefill chunk at positions [context - 512, context), in the
+// order the engine runs it, so OpenBLAS's and OpenMP's thread pools hand over as they would.
+void BM_PrefillLayer(benchmark::State& state) {
+  constexpr int32_t n = 512, dim = 576, ff = 1536, heads = 9, kv_heads = 3, hd = 64;
+  constexpr int32_t qkv = (heads + 2 * kv_heads) * hd;
+  const int32_t context = static_cast<int32_t>(state.range(0));
+  auto backend = CreateCpuBackend(kThreads);
+  AttentionSetup setup(1, context, n);
+  const std::vector<float> w_qkv = RandomFloats(size_t(qkv) * dim, 11, -0.05f, 0.05f);
+  const std::vector<float> w_o = RandomFloats(size_t(dim) * dim, 12, -0.05f, 0.05f);
+  const std::vector<float> w_gu = RandomFloats(size_t(2) * ff * dim, 13, -0.05f, 0.05f);
+  const std::vector<float> w_down = RandomFloats(size_t(dim) * ff, 14, -0.05f, 0.05f);
+  const std::vector<float> norm_w = RandomFloats(dim, 15, 0.5f, 1.5f);
+  std::vector<float> inv_freq(hd / 2);
+  for (int32_t j = 0; j < hd / 2; ++j) inv_freq[j] = std::pow(1e5f, -2.0f * j / hd);
+  std::vector<float> h = RandomFloats(size_t(n) * dim, 16), x(size_t(n) * dim);
+  std::vector<float> qkv_buf(size_t(n) * qkv), attn(size_t(n) * dim), proj(size_t(n) * dim);
+  std::vector<float> gu(size_t(n) * 2 * ff), act(size_t(n) * ff);
+  std::vector<int32_t> slots(n);
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t p = setup.positions[i];
+    slots[i] = setup.tables[p / AttentionSetup::kBlock] * AttentionSetup::kBlock +
+               p % AttentionSetup::kBlock;
+  }
+  double flops = setup.flops + 2.0 * n * dim * (qkv + dim + 3 * ff);
+  for (auto _ : state) {
+    backend->RmsNorm(h.data(), norm_w.data(), n, dim, 1e-5f, x.data());
+    backend->MatMul(x.data(), n, dim, w_qkv.data(), qkv, nullptr, qkv_buf.data());
+    backend->Rope(qkv_buf.data(), qkv, n, heads, hd, setup.positions.data(), inv_freq.data());
+    backend->Rope(qkv_buf.data() + heads * hd, qkv, n, kv_heads, hd, setup.positions.data(),
+                  inv_freq.data());
+    backend->StoreKv(setup.view, qkv_buf.data() + heads * hd,
+                     qkv_buf.data() + (heads + kv_heads) * hd, qkv, n, slots.data());
+    backend->Attention(qkv_buf.data(), qkv, heads, setup.view, setup.rows, 0.125f, attn.data());
+    backend->MatMul(attn.data(), n, dim, w_o.data(), dim, nullptr, proj.data());
+    backend->Add(h.data(), proj.data(), proj.size());
+    backend->RmsNorm(h.data(), norm_w.data(), n, dim, 1e-5f, x.data());
+    backend->MatMul(x.data(), n, dim, w_gu.data(), 2 * ff, nullptr, gu.data());
+    backend->SwiGlu(gu.data(), n, ff, act.data());
+    backend->MatMul(act.data(), n, ff, w_down.data(), dim, nullptr, proj.data());
+    backend->Add(h.data(), proj.data(), proj.size());
+    // Keep the residual stream bounded across iterations.
+    backend->RmsNorm(h.data(), norm_w.data(), n, dim, 1e-5f, h.data());
+  }
+  state.counters["FLOPS"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_PrefillLayer)
+    ->ArgNames({"context"})
+    ->Arg(512)
+    ->Arg(2048)
+    ->Arg(8192)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace ridgeserve
+
+BENCHMARK_MAIN();

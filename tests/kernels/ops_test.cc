@@ -1,0 +1,371 @@
+// CPU backend: memory, copies and every op except MatMul and Attention (own files), each
+// against a naive double-precision reference written here.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/simd.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace ridgeserve {
+namespace {
+
+using ::ridgeserve::testing::BitwiseEqual;
+using ::ridgeserve::testing::RandomFloats;
+
+// Distance in units of the float spacing at `exact` (for normal results).
+double UlpError(float got, double exact) {
+  int exponent = 0;
+  std::frexp(exact, &exponent);  // |exact| in [2^(e-1), 2^e)
+  return std::abs(got - exact) / std::ldexp(1.0, exponent - 24);
+}
+
+// A backend that only counts frees, to check DeviceBuffer's ownership.
+class CountingBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "counting"; }
+  DeviceBuffer Alloc(size_t bytes) override { return DeviceBuffer(this, new char[bytes], bytes); }
+  void FreeRaw(void* data) override {
+    ++frees;
+    delete[] static_cast<char*>(data);
+  }
+  void CopyToDevice(void*, const void*, size_t) override {}
+  void CopyToHost(void*, const void*, size_t) override {}
+  void Synchronize() override {}
+  void Embed(const float*, int32_t, const int32_t*, int32_t, float*) override {}
+  void RmsNorm(const float*, const float*, int32_t, int32_t, float, float*) override {}
+  void RmsNormHeads(float*, int32_t, int32_t, int32_t, int32_t, const float*, float) override {}
+  void MatMul(const float*, int32_t, int32_t, const float*, int32_t, const float*,
+              float*) override {}
+  void Rope(float*, int32_t, int32_t, int32_t, int32_t, const int32_t*, const float*) override {}
+  void StoreKv(const KvLayerView&, const float*, const float*, int32_t, int32_t,
+               const int32_t*) override {}
+  void Attention(const float*, int32_t, int32_t, const KvLayerView&, const AttentionRows&, float,
+                 float*) override {}
+  void SwiGlu(const float*, int32_t, int32_t, float*) override {}
+  void Add(float*, const float*, size_t) override {}
+  void GatherRows(const float*, int32_t, const int32_t*, int32_t, float*) override {}
+
+  int frees = 0;
+};
+
+TEST(DeviceBufferTest, FreesExactlyOnceThroughMoves) {
+  CountingBackend backend;
+  {
+    DeviceBuffer a = backend.Alloc(16);
+    DeviceBuffer b = std::move(a);  // move construction
+    EXPECT_EQ(a.as<void>(), nullptr);
+    EXPECT_EQ(a.bytes(), 0u);
+    EXPECT_EQ(b.bytes(), 16u);
+    DeviceBuffer c = backend.Alloc(8);
+    c = std::move(b);  // frees c's old memory
+    EXPECT_EQ(backend.frees, 1);
+    EXPECT_EQ(c.bytes(), 16u);
+    DeviceBuffer& alias = c;
+    c = std::move(alias);  // self-move keeps the memory
+    EXPECT_EQ(backend.frees, 1);
+    EXPECT_NE(c.as<void>(), nullptr);
+  }
+  EXPECT_EQ(backend.frees, 2);
+}
+
+TEST(CpuMemoryTest, AllocIsAlignedAndUsable) {
+  auto backend = CreateCpuBackend(2);
+  EXPECT_EQ(backend->name(), "cpu");
+  for (size_t bytes : {size_t{1}, size_t{63}, size_t{64}, size_t{1000}, size_t{1} << 20}) {
+    DeviceBuffer buf = backend->Alloc(bytes);
+    ASSERT_NE(buf.as<void>(), nullptr) << bytes;
+    EXPECT_EQ(buf.bytes(), bytes);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.as<void>()) % 64, 0u) << bytes;
+    std::memset(buf.as<void>(), 0xAB, bytes);
+  }
+  DeviceBuffer empty = backend->Alloc(0);
+  EXPECT_EQ(empty.as<void>(), nullptr);
+  EXPECT_EQ(empty.bytes(), 0u);
+}
+
+TEST(CpuMemoryTest, CopiesRoundTrip) {
+  auto backend = CreateCpuBackend(1);
+  const std::vector<float> host = RandomFloats(1000, 1);
+  DeviceBuffer dev = backend->Alloc(host.size() * sizeof(float));
+  backend->CopyToDevice(dev.as<void>(), host.data(), host.size() * sizeof(float));
+  std::vector<float> back(host.size());
+  backend->CopyToHost(back.data(), dev.as<void>(), back.size() * sizeof(float));
+  backend->Synchronize();
+  EXPECT_TRUE(BitwiseEqual(host, back));
+}
+
+TEST(CpuOpsTest, EmbedAndGatherRowsCopyRows) {
+  auto backend = CreateCpuBackend(2);
+  const int32_t vocab = 50, dim = 37;
+  const std::vector<float> table = RandomFloats(size_t(vocab) * dim, 2);
+  const std::vector<int32_t> ids = {0, 49, 7, 7, 13, 0, 25};
+  const int32_t n = static_cast<int32_t>(ids.size());
+  std::vector<float> embed(size_t(n) * dim), gather(size_t(n) * dim);
+  backend->Embed(table.data(), dim, ids.data(), n, embed.data());
+  backend->GatherRows(table.data(), dim, ids.data(), n, gather.data());
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t j = 0; j < dim; ++j) {
+      ASSERT_EQ(embed[i * dim + j], table[ids[i] * dim + j]) << i << "," << j;
+      ASSERT_EQ(gather[i * dim + j], table[ids[i] * dim + j]) << i << "," << j;
+    }
+  }
+}
+
+// y = x / sqrt(mean(x^2) + eps) * w in double.
+std::vector<double> RmsNormReference(const float* x, const float* w, int32_t dim, float eps) {
+  double ss = 0.0;
+  for (int32_t j = 0; j < dim; ++j) ss += double{x[j]} * x[j];
+  const double r = 1.0 / std::sqrt(ss / dim + double{eps});
+  std::vector<double> y(dim);
+  for (int32_t j = 0; j < dim; ++j) y[j] = x[j] * r * w[j];
+  return y;
+}
+
+// Three float roundings (r, x * r, * w) of half an ulp each, relative: within 3 ulp.
+constexpr double kNormUlps = 3.0;
+
+TEST(CpuOpsTest, RmsNormMatchesDoubleReference) {
+  auto backend = CreateCpuBackend(2);
+  struct Case {
+    int32_t n, dim;
+    float eps, scale;
+  };
+  for (const Case& c :
+       {Case{3, 576, 1e-5f, 1.0f}, Case{100, 576, 1e-5f, 30.0f}, Case{5, 7, 1e-6f, 1e-3f},
+        Case{2, 1, 1e-5f, 1.0f}, Case{64, 1000, 1e-5f, 1.0f}, Case{1, 4096, 1e-6f, 1.0f}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << c.n << " dim=" << c.dim);
+    const std::vector<float> x = RandomFloats(size_t(c.n) * c.dim, 3, -c.scale, c.scale);
+    const std::vector<float> w = RandomFloats(c.dim, 4, 0.5f, 1.5f);
+    std::vector<float> out(x.size());
+    backend->RmsNorm(x.data(), w.data(), c.n, c.dim, c.eps, out.data());
+    double worst = 0.0;
+    for (int32_t i = 0; i < c.n; ++i) {
+      const auto ref = RmsNormReference(&x[i * c.dim], w.data(), c.dim, c.eps);
+      for (int32_t j = 0; j < c.dim; ++j)
+        worst = std::max(worst, UlpError(out[i * c.dim + j], ref[j]));
+    }
+    EXPECT_LE(worst, kNormUlps);
+    // In place gives the same bits.
+    std::vector<float> in_place = x;
+    backend->RmsNorm(in_place.data(), w.data(), c.n, c.dim, c.eps, in_place.data());
+    EXPECT_TRUE(BitwiseEqual(in_place, out));
+  }
+}
+
+TEST(CpuOpsTest, RmsNormHeadsNormalizesEachHeadAndLeavesPadding) {
+  auto backend = CreateCpuBackend(2);
+  const int32_t n = 9, num_heads = 5, head_dim = 24, ld = num_heads * head_dim + 11;
+  const float eps = 1e-6f;
+  const std::vector<float> x = RandomFloats(size_t(n) * ld, 5, -3.0f, 3.0f);
+  const std::vector<float> w = RandomFloats(head_dim, 6, 0.5f, 1.5f);
+  std::vector<float> y = x;
+  backend->RmsNormHeads(y.data(), ld, n, num_heads, head_dim, w.data(), eps);
+  double worst = 0.0;
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t h = 0; h < num_heads; ++h) {
+      const int32_t off = i * ld + h * head_dim;
+      const auto ref = RmsNormReference(&x[off], w.data(), head_dim, eps);
+      for (int32_t d = 0; d < head_dim; ++d) worst = std::max(worst, UlpError(y[off + d], ref[d]));
+    }
+    for (int32_t j = num_heads * head_dim; j < ld; ++j) ASSERT_EQ(y[i * ld + j], x[i * ld + j]);
+  }
+  EXPECT_LE(worst, kNormUlps);
+}
+
+// Rotation by the documented angle theta = float(pos) * inv_freq[j] (float product), done in
+// double.
+void RopeReference(const float* x, int32_t num_heads, int32_t head_dim, int32_t pos,
+                   const float* inv_freq, std::vector<double>& out) {
+  const int32_t half = head_dim / 2;
+  out.assign(size_t(num_heads) * head_dim, 0.0);
+  for (int32_t h = 0; h < num_heads; ++h) {
+    for (int32_t j = 0; j < half; ++j) {
+      const float theta = static_cast<float>(pos) * inv_freq[j];
+      const double c = std::cos(double{theta}), s = std::sin(double{theta});
+      const double a = x[h * head_dim + j], b = x[h * head_dim + j + half];
+      out[h * head_dim + j] = a * c - b * s;
+      out[h * head_dim + j + half] = a * s + b * c;
+    }
+  }
+}
+
+TEST(CpuOpsTest, RopeMatchesDoubleReference) {
+  auto backend = CreateCpuBackend(2);
+  struct Case {
+    int32_t num_heads, head_dim, ld_pad;
+    float theta;
+  };
+  const std::vector<int32_t> positions = {0, 1, 2, 17, 63, 64, 1000, 4095, 8191, 131071};
+  const int32_t n = static_cast<int32_t>(positions.size());
+  for (const Case& c : {Case{9, 64, 0, 100000.0f}, Case{3, 64, 5, 100000.0f},
+                        Case{4, 128, 0, 500000.0f}, Case{2, 2, 1, 10000.0f}}) {
+    SCOPED_TRACE(::testing::Message() << "heads=" << c.num_heads << " head_dim=" << c.head_dim);
+    const int32_t width = c.num_heads * c.head_dim, ld = width + c.ld_pad;
+    std::vector<float> inv_freq(c.head_dim / 2);
+    for (int32_t j = 0; j < c.head_dim / 2; ++j) {
+      inv_freq[j] = static_cast<float>(std::pow(double{c.theta}, -2.0 * j / c.head_dim));
+    }
+    const std::vector<float> x = RandomFloats(size_t(n) * ld, 7, -2.0f, 2.0f);
+    std::vector<float> y = x;
+    backend->Rope(y.data(), ld, n, c.num_heads, c.head_dim, positions.data(), inv_freq.data());
+    std::vector<double> ref;
+    double worst = 0.0;
+    for (int32_t i = 0; i < n; ++i) {
+      RopeReference(&x[i * ld], c.num_heads, c.head_dim, positions[i], inv_freq.data(), ref);
+      for (int32_t k = 0; k < width; ++k) {
+        // Error relative to the pair's magnitude: cos/sin rounded to float, two products and
+        // a sum in float.
+        const int32_t h = k / c.head_dim, j = k % (c.head_dim / 2);
+        const double pair = std::abs(x[i * ld + h * c.head_dim + j]) +
+                            std::abs(x[i * ld + h * c.head_dim + j + c.head_dim / 2]);
+        worst = std::max(worst, std::abs(y[i * ld + k] - ref[k]) / pair);
+      }
+      for (int32_t k = width; k < ld; ++k) ASSERT_EQ(y[i * ld + k], x[i * ld + k]);
+    }
+    EXPECT_LE(worst, 2.5e-7);
+    // Position 0 is the identity, exactly.
+    for (int32_t k = 0; k < width; ++k) ASSERT_EQ(y[k], x[k]) << k;
+  }
+}
+
+TEST(CpuOpsTest, SwiGluMatchesDoubleReference) {
+  auto backend = CreateCpuBackend(2);
+  for (int32_t ff : {1536, 37, 8, 1}) {
+    SCOPED_TRACE(::testing::Message() << "ff=" << ff);
+    const int32_t n = 21;
+    std::vector<float> gate_up = RandomFloats(size_t(n) * 2 * ff, 8, -12.0f, 12.0f);
+    // Extremes: exp(-g) overflows for very negative g and vanishes for large g.
+    const float extremes[] = {-1000.0f, -104.0f, -88.0f, -20.0f, 0.0f, 1e-30f, 20.0f, 89.0f, 1e4f};
+    for (size_t e = 0; e < std::size(extremes) && e < size_t(ff); ++e) gate_up[e] = extremes[e];
+    std::vector<float> out(size_t(n) * ff);
+    backend->SwiGlu(gate_up.data(), n, ff, out.data());
+    for (int32_t i = 0; i < n; ++i) {
+      for (int32_t j = 0; j < ff; ++j) {
+        const double g = gate_up[size_t(i) * 2 * ff + j], u = gate_up[size_t(i) * 2 * ff + ff + j];
+        const double ref = g / (1.0 + std::exp(-g)) * u;
+        // exp within 2 ulp, then add, divide and multiply: 4 ulp of the result.
+        ASSERT_NEAR(out[i * ff + j], ref, 4 * 6e-8 * std::abs(ref) + 1e-37)
+            << "g=" << g << " u=" << u;
+      }
+    }
+  }
+}
+
+TEST(CpuOpsTest, AddIsElementwise) {
+  auto backend = CreateCpuBackend(2);
+  for (size_t count : {size_t{1}, size_t{1000}, size_t{300000}}) {
+    std::vector<float> x = RandomFloats(count, 9);
+    const std::vector<float> y = RandomFloats(count, 10);
+    const std::vector<float> x0 = x;
+    backend->Add(x.data(), y.data(), count);
+    for (size_t i = 0; i < count; ++i) ASSERT_EQ(x[i], x0[i] + y[i]) << i;
+  }
+}
+
+TEST(CpuOpsTest, StoreKvWritesSlotsOnly) {
+  auto backend = CreateCpuBackend(2);
+  KvLayerView cache;
+  cache.num_blocks = 6;
+  cache.block_size = 4;
+  cache.num_kv_heads = 3;
+  cache.head_dim = 8;
+  const int32_t width = cache.num_kv_heads * cache.head_dim;
+  const size_t cache_floats = size_t(cache.num_blocks) * cache.block_size * width;
+  std::vector<float> k_cache(cache_floats, -7.0f), v_cache(cache_floats, -9.0f);
+  cache.k = k_cache.data();
+  cache.v = v_cache.data();
+  const std::vector<int32_t> slots = {5, 0, 23, 11, 12};
+  const int32_t n = static_cast<int32_t>(slots.size()), ld = 2 * width + 3;  // fused-QKV style
+  const std::vector<float> kv = RandomFloats(size_t(n) * ld, 11);
+  backend->StoreKv(cache, kv.data(), kv.data() + width, ld, n, slots.data());
+  std::vector<bool> written(cache_floats / width, false);
+  for (int32_t i = 0; i < n; ++i) {
+    written[slots[i]] = true;
+    for (int32_t c = 0; c < width; ++c) {
+      ASSERT_EQ(k_cache[slots[i] * width + c], kv[i * ld + c]);
+      ASSERT_EQ(v_cache[slots[i] * width + c], kv[i * ld + width + c]);
+    }
+  }
+  for (size_t s = 0; s < written.size(); ++s) {
+    if (written[s]) continue;
+    for (int32_t c = 0; c < width; ++c) {
+      ASSERT_EQ(k_cache[s * width + c], -7.0f);
+      ASSERT_EQ(v_cache[s * width + c], -9.0f);
+    }
+  }
+}
+
+// Row-wise ops give the same bits for a row alone, in a batch, and with 1 or 2 threads.
+TEST(CpuOpsTest, RowOpsAreBatchInvariant) {
+  auto one = CreateCpuBackend(1);
+  auto two = CreateCpuBackend(2);
+  const int32_t n = 200, dim = 576, ff = 1536, heads = 9, head_dim = 64;
+  const std::vector<float> x = RandomFloats(size_t(n) * 2 * ff, 12, -4.0f, 4.0f);
+  const std::vector<float> w = RandomFloats(2 * ff, 13, 0.5f, 1.5f);
+  std::vector<int32_t> positions(n);
+  for (int32_t i = 0; i < n; ++i) positions[i] = 37 * i;
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int32_t j = 0; j < head_dim / 2; ++j) inv_freq[j] = std::pow(1e5f, -2.0f * j / head_dim);
+
+  auto run = [&](Backend& b, int32_t first, int32_t count, std::vector<float>& norm,
+                 std::vector<float>& rope, std::vector<float>& swiglu) {
+    b.RmsNorm(&x[first * dim], w.data(), count, dim, 1e-5f, &norm[first * dim]);
+    std::copy(&x[first * dim], &x[(first + count) * dim], &rope[first * dim]);
+    b.Rope(&rope[first * dim], dim, count, heads, head_dim, &positions[first], inv_freq.data());
+    b.SwiGlu(&x[size_t(first) * 2 * ff], count, ff, &swiglu[size_t(first) * ff]);
+  };
+  std::vector<float> norm_all(size_t(n) * dim), rope_all(size_t(n) * dim), swi_all(size_t(n) * ff);
+  run(*two, 0, n, norm_all, rope_all, swi_all);
+  std::vector<float> norm_one(norm_all.size()), rope_one(rope_all.size()), swi_one(swi_all.size());
+  for (int32_t i = 0; i < n; ++i) run(*one, i, 1, norm_one, rope_one, swi_one);
+  EXPECT_TRUE(BitwiseEqual(norm_all, norm_one));
+  EXPECT_TRUE(BitwiseEqual(rope_all, rope_one));
+  EXPECT_TRUE(BitwiseEqual(swi_all, swi_one));
+}
+
+// simd::Exp drives attention's softmax and SwiGlu: within 2 ulp of exp over its normal range.
+TEST(SimdExpTest, WithinTwoUlpAndEdgeCases) {
+  using cpu::simd::kLanes;
+  double worst = 0.0;
+  float worst_x = 0.0f;
+  std::vector<float> xs;
+  for (double x = -87.0; x <= 88.5; x += 1.0 / 4096) xs.push_back(static_cast<float>(x));
+  for (float x : RandomFloats(100000, 14, -2.0f, 2.0f)) xs.push_back(x);
+  while (xs.size() % kLanes != 0) xs.push_back(0.0f);
+  float out[kLanes];
+  for (size_t i = 0; i < xs.size(); i += kLanes) {
+    cpu::simd::Store(out, cpu::simd::Exp(cpu::simd::Load(&xs[i])));
+    for (int l = 0; l < kLanes; ++l) {
+      const double err = UlpError(out[l], std::exp(double{xs[i + l]}));
+      if (err > worst) {
+        worst = err;
+        worst_x = xs[i + l];
+      }
+    }
+  }
+  EXPECT_LE(worst, 2.0) << "at x=" << worst_x;
+
+  const float inf = std::numeric_limits<float>::infinity();
+  float special[kLanes];
+  const float inputs[] = {0.0f, -inf, inf, std::nanf(""), -200.0f, 100.0f, 88.7f, -0.0f};
+  for (int l = 0; l < kLanes; ++l) special[l] = inputs[l % std::size(inputs)];
+  cpu::simd::Store(out, cpu::simd::Exp(cpu::simd::Load(special)));
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_EQ(out[2], inf);
+  EXPECT_TRUE(std::isnan(out[3]));
+  EXPECT_EQ(out[4], 0.0f);
+  EXPECT_EQ(out[5], inf);
+  EXPECT_LE(UlpError(out[6], std::exp(double{88.7f})), 2.0);
+  EXPECT_EQ(out[7], 1.0f);
+}
+
+}  // namespace
+}  // namespace ridgeserve
