@@ -6,12 +6,12 @@
 
 namespace ridgeserve {
 
-int32_t ForwardBatch::AddSequence(const BlockTable& table, int32_t block_size,
+int32_t ForwardBatch::AddSequence(std::span<const int32_t> table_blocks, int32_t block_size,
                                   std::span<const int32_t> new_tokens, int32_t start_pos,
                                   bool want_logits) {
   const int32_t seq_index =
       max_blocks_per_seq == 0 ? 0 : static_cast<int32_t>(block_tables.size()) / max_blocks_per_seq;
-  const int32_t blocks = static_cast<int32_t>(table.blocks().size());
+  const int32_t blocks = static_cast<int32_t>(table_blocks.size());
   if (blocks > max_blocks_per_seq) {
     // Widen every existing row of the table.
     std::vector<int32_t> wider(static_cast<size_t>(seq_index) * blocks, 0);
@@ -23,14 +23,14 @@ int32_t ForwardBatch::AddSequence(const BlockTable& table, int32_t block_size,
     max_blocks_per_seq = blocks;
   }
   block_tables.resize(static_cast<size_t>(seq_index + 1) * max_blocks_per_seq, 0);
-  std::copy(table.blocks().begin(), table.blocks().end(),
+  std::copy(table_blocks.begin(), table_blocks.end(),
             block_tables.begin() + seq_index * max_blocks_per_seq);
   for (size_t i = 0; i < new_tokens.size(); ++i) {
     const int32_t pos = start_pos + static_cast<int32_t>(i);
     tokens.push_back(new_tokens[i]);
     positions.push_back(pos);
     seq.push_back(seq_index);
-    slots.push_back(table.Slot(pos, block_size));
+    slots.push_back(table_blocks[pos / block_size] * block_size + pos % block_size);
   }
   if (want_logits && !new_tokens.empty()) logit_rows.push_back(num_rows() - 1);
   return seq_index;

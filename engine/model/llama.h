@@ -29,8 +29,12 @@ struct ForwardBatch {
   int32_t num_rows() const { return static_cast<int32_t>(tokens.size()); }
   // Appends a sequence's rows for `tokens` at positions start_pos.. (blocks reserved) and
   // returns the sequence index. With want_logits the last row's logits are requested.
+  int32_t AddSequence(std::span<const int32_t> blocks, int32_t block_size,
+                      std::span<const int32_t> tokens, int32_t start_pos, bool want_logits);
   int32_t AddSequence(const BlockTable& table, int32_t block_size, std::span<const int32_t> tokens,
-                      int32_t start_pos, bool want_logits);
+                      int32_t start_pos, bool want_logits) {
+    return AddSequence(table.blocks(), block_size, tokens, start_pos, want_logits);
+  }
   // Requests logits for every row (perplexity, reference comparisons).
   void RequestAllLogits();
 };
