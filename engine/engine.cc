@@ -1,0 +1,336 @@
+#include "engine/engine.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "engine/kv/paged_kv_cache.h"
+#include "spdlog/spdlog.h"
+
+namespace ridgeserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  // A request as the engine thread tracks it, beside the scheduler's SchedRequest.
+  struct Live {
+    EventCallback on_event;
+    Sampler sampler;
+    bool logprobs = false;
+    int32_t max_new_tokens = 0;
+    int32_t prompt_tokens = 0;
+    int32_t completion_tokens = 0;
+    Clock::time_point arrival;
+    std::optional<Clock::time_point> first_scheduled;
+    std::optional<Clock::time_point> first_token;
+  };
+
+  struct Incoming {
+    uint64_t id;
+    EngineRequest request;
+    Clock::time_point arrival;
+  };
+
+  Impl(Model& m, const EngineOptions& o) : model(m), options(o) {
+    const ModelConfig& c = model.config;
+    const int32_t block_size = options.scheduler.block_size;
+    const int32_t num_blocks = (options.kv_cache_tokens + block_size - 1) / block_size;
+    cache = std::make_unique<PagedKvCache>(
+        model.llama->backend(),
+        KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, block_size, num_blocks});
+    scheduler = std::make_unique<Scheduler>(options.scheduler, cache->pool());
+    published.kv_blocks_total = num_blocks;
+    published.kv_blocks_free = num_blocks;
+    published.kv_block_size = block_size;
+  }
+
+  void Run();
+  // Moves queued submissions and aborts into the scheduler; false when stopping.
+  bool TakeInput();
+  void Step();
+  void Emit(uint64_t id, Live& live, TokenEvent& event);
+  void FinishWith(uint64_t id, FinishReason reason, absl::Status status);
+  void Publish();
+
+  Model& model;
+  const EngineOptions options;
+  std::unique_ptr<PagedKvCache> cache;
+  std::unique_ptr<Scheduler> scheduler;
+
+  // Shared with submitting threads, under `mu`.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Incoming> incoming;
+  std::vector<uint64_t> aborts;
+  bool stopping = false;
+  uint64_t next_id = 1;
+  EngineStats published;
+
+  // Engine thread only.
+  std::unordered_map<uint64_t, Live> live;
+  std::vector<float> logits;
+  int64_t steps = 0;
+  std::thread thread;
+};
+
+bool Engine::Impl::TakeInput() {
+  std::deque<Incoming> fresh;
+  std::vector<uint64_t> to_abort;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!scheduler->HasWork()) {
+      cv.wait(lock, [&] { return stopping || !incoming.empty() || !aborts.empty(); });
+    }
+    if (stopping) return false;
+    fresh.swap(incoming);
+    to_abort.swap(aborts);
+  }
+  for (Incoming& in : fresh) {
+    EngineRequest& r = in.request;
+    auto sched = std::make_unique<SchedRequest>();
+    sched->id = in.id;
+    sched->priority = r.priority;
+    sched->tokens = r.prompt;
+    sched->num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
+    sched->max_total_tokens = static_cast<int32_t>(r.prompt.size()) + r.max_new_tokens;
+    live.emplace(in.id,
+                 Live{std::move(r.on_event), Sampler(r.sampling), r.logprobs, r.max_new_tokens,
+                      sched->num_prompt_tokens, 0, in.arrival, std::nullopt, std::nullopt});
+    if (absl::Status s = scheduler->Add(std::move(sched)); !s.ok()) {
+      FinishWith(
+          in.id, FinishReason::kNone,
+          s.code() == absl::StatusCode::kInvalidArgument ? absl::OutOfRangeError(s.message()) : s);
+    }
+  }
+  for (uint64_t id : to_abort) {
+    if (live.count(id) != 0 && scheduler->Abort(id)) {
+      FinishWith(id, FinishReason::kAborted, absl::OkStatus());
+    }
+  }
+  return true;
+}
+
+void Engine::Impl::Emit(uint64_t id, Live& l, TokenEvent& event) {
+  event.id = id;
+  event.prompt_tokens = l.prompt_tokens;
+  event.completion_tokens = l.completion_tokens;
+  if (l.first_token) event.timing.ttft_seconds = Seconds(l.arrival, *l.first_token);
+  if (event.finished) {
+    const Clock::time_point now = Clock::now();
+    if (l.first_scheduled) {
+      event.timing.queue_seconds = Seconds(l.arrival, *l.first_scheduled);
+      if (l.first_token) event.timing.prefill_seconds = Seconds(*l.first_scheduled, *l.first_token);
+    }
+    event.timing.e2e_seconds = Seconds(l.arrival, now);
+  }
+  l.on_event(event);
+}
+
+void Engine::Impl::FinishWith(uint64_t id, FinishReason reason, absl::Status status) {
+  auto it = live.find(id);
+  if (it == live.end()) return;
+  TokenEvent event;
+  event.finished = true;
+  event.finish_reason = reason;
+  event.status = std::move(status);
+  Emit(id, it->second, event);
+  live.erase(it);
+}
+
+void Engine::Impl::Step() {
+  StepPlan plan = scheduler->Schedule();
+  if (plan.chunks.empty()) {
+    // Work exists but nothing fits this instant (e.g. waiting for blocks): let input arrive.
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::milliseconds(1));
+    return;
+  }
+  const Clock::time_point start = Clock::now();
+  const int32_t block_size = cache->shape().block_size;
+  ForwardBatch batch;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    SchedRequest& r = *chunk.request;
+    Live& l = live.at(r.id);
+    if (!l.first_scheduled) l.first_scheduled = start;
+    batch.AddSequence(r.blocks, block_size, std::span(r.tokens).subspan(chunk.start, chunk.count),
+                      chunk.start, chunk.sample);
+  }
+  absl::Status status = model.llama->Forward(batch, *cache, logits);
+  std::vector<int32_t> sampled(plan.chunks.size(), -1);
+  std::vector<float> logprobs(plan.chunks.size(), 0.0f);
+  const int32_t vocab = model.config.vocab_size;
+  size_t logit_row = 0;
+  for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = plan.chunks[i];
+    if (!chunk.sample) continue;
+    Live& l = live.at(chunk.request->id);
+    const SampleResult result = l.sampler.Sample(
+        std::span<const float>(logits).subspan(logit_row * vocab, vocab), chunk.request->tokens);
+    ++logit_row;
+    sampled[i] = result.token;
+    logprobs[i] = result.logprob;
+  }
+  if (!status.ok()) {
+    spdlog::error("forward failed: {}", status.ToString());
+    for (const ScheduledChunk& chunk : plan.chunks) {
+      const uint64_t id = chunk.request->id;
+      scheduler->Abort(id);
+      FinishWith(id, FinishReason::kNone, absl::InternalError(status.message()));
+    }
+    return;
+  }
+  scheduler->Update(plan, sampled);
+  ++steps;
+  const Clock::time_point now = Clock::now();
+  const std::vector<int32_t>& eog = model.tokenizer->end_of_generation_ids();
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    if (sampled[i] < 0) continue;
+    const SchedRequest& r = *plan.chunks[i].request;
+    const uint64_t id = r.id;
+    Live& l = live.at(id);
+    if (!l.first_token) l.first_token = now;
+    TokenEvent event;
+    const int32_t token = sampled[i];
+    if (l.sampler.IsStop(token, eog)) {
+      event.finished = true;
+      event.finish_reason = FinishReason::kStop;
+    } else {
+      ++l.completion_tokens;
+      event.tokens.push_back(token);
+      if (l.logprobs) event.logprobs.push_back(logprobs[i]);
+      if (l.completion_tokens >= l.max_new_tokens ||
+          static_cast<int32_t>(r.tokens.size()) >= model.config.context_length) {
+        event.finished = true;
+        event.finish_reason = FinishReason::kLength;
+      }
+    }
+    Emit(id, l, event);
+    if (event.finished) {
+      scheduler->Finish(id);
+      live.erase(id);
+    }
+  }
+}
+
+void Engine::Impl::Publish() {
+  const SchedulerStats s = scheduler->stats();
+  std::lock_guard<std::mutex> lock(mu);
+  published.num_running = s.num_running;
+  published.num_waiting = s.num_waiting;  // stats() adds what is still in `incoming`
+  published.kv_blocks_free = s.num_free_blocks;
+  published.num_preemptions = s.num_preemptions;
+  published.num_prefix_hit_tokens = s.num_prefix_hit_tokens;
+  published.num_steps = steps;
+}
+
+void Engine::Impl::Run() {
+  while (TakeInput()) {
+    if (scheduler->HasWork()) Step();
+    Publish();
+  }
+  // Stopping: everything still live ends as aborted.
+  std::vector<uint64_t> ids;
+  for (const auto& [id, l] : live) ids.push_back(id);
+  for (uint64_t id : ids) {
+    scheduler->Abort(id);
+    FinishWith(id, FinishReason::kAborted, absl::OkStatus());
+  }
+  Publish();
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const EngineOptions& options) {
+  if (options.kv_cache_tokens < options.scheduler.block_size) {
+    return absl::InvalidArgumentError(absl::StrCat("kv_cache_tokens must be at least one block (",
+                                                   options.scheduler.block_size, "), got ",
+                                                   options.kv_cache_tokens));
+  }
+  if (options.scheduler.max_batch_tokens < 1) {
+    return absl::InvalidArgumentError("max_batch_tokens must be positive");
+  }
+  auto impl = std::make_unique<Impl>(model, options);
+  Impl* raw = impl.get();
+  raw->thread = std::thread([raw] { raw->Run(); });
+  return std::unique_ptr<Engine>(new Engine(std::move(impl)));
+}
+
+Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Engine::~Engine() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  impl_->thread.join();
+}
+
+absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
+  const ModelConfig& c = impl_->model.config;
+  if (request.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  for (int32_t t : request.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (request.max_new_tokens < 1) {
+    return absl::InvalidArgumentError("max_new_tokens must be at least 1");
+  }
+  const int64_t total = static_cast<int64_t>(request.prompt.size()) + request.max_new_tokens;
+  if (total > c.context_length) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "prompt (", request.prompt.size(), " tokens) + max_new_tokens (", request.max_new_tokens,
+        ") exceeds the context of ", c.context_length, " tokens"));
+  }
+  const int64_t capacity =
+      int64_t{impl_->published.kv_blocks_total} * impl_->published.kv_block_size;
+  if (total > capacity) {
+    return absl::OutOfRangeError(absl::StrCat("prompt + max_new_tokens (", total,
+                                              " tokens) exceeds the KV cache of ", capacity,
+                                              " tokens"));
+  }
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->stopping) return absl::UnavailableError("engine is stopping");
+    const int32_t waiting =
+        impl_->published.num_waiting + static_cast<int32_t>(impl_->incoming.size());
+    if (waiting >= impl_->options.scheduler.max_queued_requests) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("request queue is full (", waiting, " waiting)"));
+    }
+    id = impl_->next_id++;
+    impl_->incoming.push_back(Impl::Incoming{id, std::move(request), Clock::now()});
+  }
+  impl_->cv.notify_one();
+  return id;
+}
+
+void Engine::Abort(uint64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    impl_->aborts.push_back(id);
+  }
+  impl_->cv.notify_one();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  EngineStats stats = impl_->published;
+  stats.num_waiting += static_cast<int32_t>(impl_->incoming.size());
+  return stats;
+}
+
+}  // namespace ridgeserve

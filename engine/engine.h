@@ -1,0 +1,97 @@
+// The serving engine: one thread that runs scheduler → forward → sampler → events in a loop,
+// fed by a thread-safe input queue. Requests arrive as token ids (the server tokenizes);
+// results leave as TokenEvents through each request's callback. Never includes gRPC.
+//
+// Threading: Submit, Abort and stats are thread-safe. Callbacks run on the engine thread
+// and must not block (hand the event to the caller's own queue/reactor and return).
+#ifndef RIDGESERVE_ENGINE_ENGINE_H_
+#define RIDGESERVE_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/model/model.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sched/scheduler.h"
+
+namespace ridgeserve {
+
+struct EngineOptions {
+  SchedulerConfig scheduler;
+  int32_t kv_cache_tokens = 65536;  // KV cache capacity (rounded up to whole blocks)
+};
+
+enum class FinishReason { kNone, kStop, kLength, kStopSequence, kAborted };
+
+// Seconds, measured on the engine's steady clock.
+struct RequestTiming {
+  double queue_seconds = 0;    // arrival → first scheduled
+  double ttft_seconds = 0;     // arrival → first token sampled
+  double prefill_seconds = 0;  // first scheduled → first token sampled
+  double e2e_seconds = 0;      // arrival → finished
+};
+
+struct TokenEvent {
+  uint64_t id = 0;
+  std::vector<int32_t> tokens;  // produced since the previous event (usually one)
+  std::vector<float> logprobs;  // per token, when requested
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kNone;
+  absl::Status status;  // not OK: the request failed and is finished
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // prefix-cache hits
+  RequestTiming timing;              // ttft set from the first token on; the rest when finished
+};
+
+using EventCallback = std::function<void(const TokenEvent&)>;
+
+struct EngineRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int32_t max_new_tokens = 256;
+  int32_t priority = 0;  // lower runs first
+  bool logprobs = false;
+  EventCallback on_event;
+};
+
+struct EngineStats {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int32_t kv_blocks_total = 0;
+  int32_t kv_blocks_free = 0;
+  int32_t kv_block_size = 0;
+  int64_t num_preemptions = 0;
+  int64_t num_prefix_hit_tokens = 0;
+  int64_t num_steps = 0;
+};
+
+class Engine {
+ public:
+  // `model` must outlive the engine. Starts the engine thread.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(Model& model, const EngineOptions& options);
+  // Aborts everything still running and joins the thread.
+  ~Engine();
+
+  // Queues a request and returns its id. ResourceExhausted when the waiting queue is full,
+  // OutOfRange when prompt + max_new_tokens exceeds the context or the KV cache, and
+  // InvalidArgument for an empty prompt or a token outside the vocabulary.
+  absl::StatusOr<uint64_t> Submit(EngineRequest request);
+  // Ends a request within one step; its final event has finish_reason kAborted. Unknown or
+  // finished ids are ignored.
+  void Abort(uint64_t id);
+  EngineStats stats() const;
+
+ private:
+  struct Impl;
+  explicit Engine(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_ENGINE_ENGINE_H_
