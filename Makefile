@@ -18,9 +18,9 @@ build: deps
 model: deps
 	scripts/fetch_model.sh
 
+# The gRPC server on the default model; try it with build/bin/ridgeserve-cli (README).
 serve: build model
-	$(BUILD_DIR)/bin/ridgeserve-eval generate --model $(MODEL) --chat \
-	  --prompt "What is the capital of France?" --max_new_tokens 64
+	$(BUILD_DIR)/bin/ridgeserve --model $(MODEL) --host 127.0.0.1 --port 50051
 
 test: build model
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)

@@ -32,6 +32,7 @@ struct Engine::Impl {
     int32_t max_new_tokens = 0;
     int32_t prompt_tokens = 0;
     int32_t completion_tokens = 0;
+    int32_t cached_prompt_tokens = 0;
     Clock::time_point arrival;
     std::optional<Clock::time_point> first_scheduled;
     std::optional<Clock::time_point> first_token;
@@ -107,7 +108,7 @@ bool Engine::Impl::TakeInput() {
     sched->max_total_tokens = static_cast<int32_t>(r.prompt.size()) + r.max_new_tokens;
     live.emplace(in.id,
                  Live{std::move(r.on_event), Sampler(r.sampling), r.logprobs, r.max_new_tokens,
-                      sched->num_prompt_tokens, 0, in.arrival, std::nullopt, std::nullopt});
+                      sched->num_prompt_tokens, 0, 0, in.arrival, std::nullopt, std::nullopt});
     if (absl::Status s = scheduler->Add(std::move(sched)); !s.ok()) {
       FinishWith(
           in.id, FinishReason::kNone,
@@ -126,6 +127,7 @@ void Engine::Impl::Emit(uint64_t id, Live& l, TokenEvent& event) {
   event.id = id;
   event.prompt_tokens = l.prompt_tokens;
   event.completion_tokens = l.completion_tokens;
+  event.cached_prompt_tokens = l.cached_prompt_tokens;
   if (l.first_token) event.timing.ttft_seconds = Seconds(l.arrival, *l.first_token);
   if (event.finished) {
     const Clock::time_point now = Clock::now();
@@ -200,7 +202,10 @@ void Engine::Impl::Step() {
     const SchedRequest& r = *plan.chunks[i].request;
     const uint64_t id = r.id;
     Live& l = live.at(id);
-    if (!l.first_token) l.first_token = now;
+    if (!l.first_token) {
+      l.first_token = now;
+      l.cached_prompt_tokens = r.num_cached_prompt_tokens;
+    }
     TokenEvent event;
     const int32_t token = sampled[i];
     if (l.sampler.IsStop(token, eog)) {

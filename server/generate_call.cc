@@ -1,0 +1,185 @@
+#include "server/generate_call.h"
+
+#include <utility>
+
+#include "server/request_validation.h"
+#include "server/status_conversion.h"
+#include "spdlog/spdlog.h"
+
+namespace ridgeserve {
+
+// --- GenerateCall ---------------------------------------------------------------------------
+
+absl::Status GenerateCall::Start(const v1::GenerateRequest& request, StepSink sink) {
+  absl::StatusOr<ValidatedRequest> validated = ValidateGenerateRequest(
+      request, *context_.model.tokenizer, context_.model.config, context_.options);
+  if (!validated.ok()) {
+    spdlog::info("request {} refused: {}", request.request_id(), validated.status().ToString());
+    return validated.status();
+  }
+  request_id_ = validated->request_id;
+  if (absl::Status admitted = context_.registry.Admit(&request_id_); !admitted.ok()) {
+    spdlog::info("request {} refused: {}", request_id_, admitted.ToString());
+    return admitted;
+  }
+  admitted_ = true;
+  sink_ = std::move(sink);
+  output_.emplace(*context_.model.tokenizer, request_id_, std::move(validated->stop),
+                  static_cast<int32_t>(validated->engine.prompt.size()));
+  EngineRequest& engine_request = validated->engine;
+  engine_request.on_event = [this](const TokenEvent& event) { OnEvent(event); };
+  absl::StatusOr<uint64_t> id = context_.engine.Submit(std::move(engine_request));
+  if (!id.ok()) {
+    spdlog::info("request {} refused by the engine: {}", request_id_, id.status().ToString());
+    return id.status();
+  }
+  // Cancelled or aborted while being submitted: nobody could abort it yet, so do it now.
+  if (context_.registry.SetEngineId(request_id_, *id)) context_.engine.Abort(*id);
+  return absl::OkStatus();
+}
+
+void GenerateCall::Cancel() {
+  if (admitted_) AbortEngineRequest();
+}
+
+void GenerateCall::Done() {
+  if (admitted_) context_.registry.Remove(request_id_);
+}
+
+void GenerateCall::AbortEngineRequest() {
+  absl::StatusOr<std::optional<uint64_t>> id = context_.registry.RequestAbort(request_id_);
+  if (id.ok() && id->has_value()) context_.engine.Abort(**id);
+}
+
+void GenerateCall::OnEvent(const TokenEvent& event) {
+  OutputBuilder::Step step = output_->OnEvent(event);
+  if (step.abort_engine) AbortEngineRequest();
+  if (step.finished) {
+    const v1::Usage& usage = step.delta.usage();
+    if (step.status.ok()) {
+      spdlog::info(
+          "request {} finished ({}): {} prompt tokens, {} completion tokens, ttft {:.3f} s, "
+          "e2e {:.3f} s",
+          request_id_, v1::FinishReason_Name(step.delta.finish_reason()), usage.prompt_tokens(),
+          usage.completion_tokens(), event.timing.ttft_seconds, event.timing.e2e_seconds);
+    } else {
+      spdlog::warn("request {} failed: {}", request_id_, step.status.ToString());
+    }
+  }
+  // May end the call: nothing of `this` is touched afterwards.
+  sink_(std::move(step));
+}
+
+// --- GenerateUnaryReactor -------------------------------------------------------------------
+
+GenerateUnaryReactor::GenerateUnaryReactor(const ServingContext& context,
+                                           const v1::GenerateRequest& request,
+                                           v1::GenerateResponse* response)
+    : call_(context), response_(response) {
+  absl::Status status =
+      call_.Start(request, [this](OutputBuilder::Step step) { OnStep(std::move(step)); });
+  if (!status.ok()) Finish(ToGrpcStatus(status));
+}
+
+void GenerateUnaryReactor::OnStep(OutputBuilder::Step step) {
+  MergeDelta(step.delta, *response_);
+  if (step.finished) Finish(ToGrpcStatus(step.status));
+}
+
+void GenerateUnaryReactor::OnCancel() { call_.Cancel(); }
+
+void GenerateUnaryReactor::OnDone() {
+  call_.Done();
+  delete this;
+}
+
+// --- GenerateStreamReactor ------------------------------------------------------------------
+
+GenerateStreamReactor::GenerateStreamReactor(const ServingContext& context,
+                                             const v1::GenerateRequest& request)
+    : call_(context) {
+  absl::Status status =
+      call_.Start(request, [this](OutputBuilder::Step step) { OnStep(std::move(step)); });
+  if (!status.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finish_claimed_ = true;
+    }
+    Finish(ToGrpcStatus(status));
+  }
+}
+
+GenerateStreamReactor::Next GenerateStreamReactor::PickNextLocked() {
+  if (writing_ || finish_claimed_) return Next::kNothing;
+  if (!queue_.empty() && !broken_) {
+    in_flight_ = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    return Next::kWrite;
+  }
+  if (engine_done_) {
+    finish_claimed_ = true;
+    return Next::kFinish;
+  }
+  return Next::kNothing;
+}
+
+void GenerateStreamReactor::Act(Next next) {
+  switch (next) {
+    case Next::kWrite:
+      StartWrite(&in_flight_);
+      break;
+    case Next::kFinish:
+      // final_status_ is not written again once the Finish is claimed.
+      Finish(final_status_);
+      break;
+    case Next::kNothing:
+      break;
+  }
+}
+
+void GenerateStreamReactor::OnStep(OutputBuilder::Step step) {
+  Next next;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const v1::GenerateResponse& d = step.delta;
+    // A failed request ends with its status alone; a delta with nothing new is not sent (text
+    // held back for a stop string comes with a later delta).
+    const bool failed = step.finished && !step.status.ok();
+    if (!failed && (step.finished || !d.text().empty() || d.token_ids_size() > 0)) {
+      queue_.push_back(std::move(step.delta));
+    }
+    if (step.finished) {
+      engine_done_ = true;
+      final_status_ = ToGrpcStatus(step.status);
+    }
+    next = PickNextLocked();
+  }
+  Act(next);
+}
+
+void GenerateStreamReactor::OnWriteDone(bool ok) {
+  Next next;
+  bool abort = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (!ok && !broken_) {
+      broken_ = true;
+      queue_.clear();
+      abort = !engine_done_;
+    }
+    next = PickNextLocked();
+  }
+  if (abort) call_.Cancel();
+  Act(next);
+}
+
+void GenerateStreamReactor::OnCancel() { call_.Cancel(); }
+
+void GenerateStreamReactor::OnDone() {
+  call_.Done();
+  delete this;
+}
+
+}  // namespace ridgeserve

@@ -1,0 +1,113 @@
+#include "server/inference_service.h"
+
+#include <string>
+#include <utility>
+
+#include "engine/tokenizer/utf8.h"
+#include "server/request_validation.h"
+#include "server/status_conversion.h"
+#include "spdlog/spdlog.h"
+
+namespace ridgeserve {
+
+InferenceService::InferenceService(const Model& model, Engine& engine, ServerOptions options)
+    : model_(model),
+      engine_(engine),
+      options_(std::move(options)),
+      context_{model_, engine_, options_, registry_} {}
+
+grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* /*context*/,
+                                                     const v1::GenerateRequest* request,
+                                                     v1::GenerateResponse* response) {
+  return new GenerateUnaryReactor(context_, *request, response);
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::GenerateStream(
+    grpc::CallbackServerContext* /*context*/, const v1::GenerateRequest* request) {
+  return new GenerateStreamReactor(context_, *request);
+}
+
+grpc::ServerUnaryReactor* InferenceService::Abort(grpc::CallbackServerContext* context,
+                                                  const v1::AbortRequest* request,
+                                                  v1::AbortResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (request->request_id().empty()) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id must not be empty"));
+    return reactor;
+  }
+  absl::StatusOr<std::optional<uint64_t>> id = registry_.RequestAbort(request->request_id());
+  if (id.ok()) {
+    // Without an engine id yet, the call aborts itself as soon as it has one.
+    if (id->has_value()) engine_.Abort(**id);
+    spdlog::info("request {}: abort requested", request->request_id());
+  }
+  reactor->Finish(ToGrpcStatus(id.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,
+                                                     const v1::TokenizeRequest* request,
+                                                     v1::TokenizeResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<std::vector<int32_t>> ids = TokenizeRequestInput(*request, *model_.tokenizer);
+  if (ids.ok()) {
+    for (int32_t id : *ids) {
+      response->add_token_ids(id);
+      // A token can hold part of a character; proto strings must be valid UTF-8.
+      AppendUtf8Lossy(model_.tokenizer->TokenBytes(id), /*final=*/true, response->add_tokens());
+    }
+  }
+  reactor->Finish(ToGrpcStatus(ids.status()));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                         const v1::GetModelInfoRequest* /*request*/,
+                                                         v1::ModelInfo* response) {
+  const ModelConfig& c = model_.config;
+  response->set_model_name(c.name);
+  response->set_architecture(c.arch_name);
+  response->set_num_layers(c.num_layers);
+  response->set_hidden_size(c.hidden);
+  response->set_num_heads(c.num_heads);
+  response->set_num_kv_heads(c.num_kv_heads);
+  response->set_vocab_size(c.vocab_size);
+  response->set_context_length(c.context_length);
+  response->set_backend(options_.backend);
+  response->set_tensor_parallel(options_.tensor_parallel);
+  for (int32_t layer : options_.ridgefill_split_layers) {
+    response->add_ridgefill_split_layers(layer);
+  }
+  response->set_default_exact_tail_tokens(options_.default_exact_tail_tokens);
+
+  const EngineStats s = engine_.stats();
+  v1::ServerStats& stats = *response->mutable_stats();
+  stats.set_num_requests_running(s.num_running);
+  stats.set_num_requests_waiting(s.num_waiting);
+  stats.set_kv_cache_blocks_total(s.kv_blocks_total);
+  stats.set_kv_cache_blocks_free(s.kv_blocks_free);
+  stats.set_kv_cache_block_size(s.kv_block_size);
+  stats.set_num_preemptions(s.num_preemptions);
+  stats.set_num_prefix_cache_hit_tokens(s.num_prefix_hit_tokens);
+
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+void InferenceService::StartDraining() { registry_.StartDraining(); }
+
+bool InferenceService::WaitForIdle(absl::Time deadline) {
+  return registry_.WaitUntilEmpty(deadline);
+}
+
+int InferenceService::AbortAll() {
+  const std::vector<uint64_t> ids = registry_.AbortAll();
+  for (uint64_t id : ids) engine_.Abort(id);
+  return static_cast<int>(ids.size());
+}
+
+int InferenceService::num_in_flight() const { return registry_.size(); }
+
+}  // namespace ridgeserve

@@ -1,0 +1,60 @@
+// The ridgeserve.v1.Inference service on gRPC's callback API. Generate and GenerateStream get
+// one reactor per call (generate_call.h); Abort, Tokenize and GetModelInfo answer at once.
+// Also the drain hooks main() uses at shutdown.
+//
+// Threading: methods are called by gRPC threads; the drain hooks from main's thread.
+#ifndef RIDGESERVE_SERVER_INFERENCE_SERVICE_H_
+#define RIDGESERVE_SERVER_INFERENCE_SERVICE_H_
+
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "engine/model/model.h"
+#include "grpcpp/grpcpp.h"
+#include "ridgeserve/v1/ridgeserve.grpc.pb.h"
+#include "server/generate_call.h"
+#include "server/request_registry.h"
+#include "server/server_options.h"
+
+namespace ridgeserve {
+
+class InferenceService final : public v1::Inference::CallbackService {
+ public:
+  // `model` and `engine` must outlive the service and every call on it.
+  InferenceService(const Model& model, Engine& engine, ServerOptions options);
+
+  grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
+                                     const v1::GenerateRequest* request,
+                                     v1::GenerateResponse* response) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* GenerateStream(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+
+  // Shutdown, in this order: StartDraining (new generation calls get UNAVAILABLE), then
+  // WaitForIdle until the in-flight calls are done or the timeout passes, then AbortAll (their
+  // streams end with finish_reason ABORTED) and WaitForIdle again for them to be sent.
+  void StartDraining();
+  // True when no generation call is in flight any more.
+  bool WaitForIdle(absl::Time deadline);
+  // Returns how many requests were aborted in the engine.
+  int AbortAll();
+  int num_in_flight() const;
+
+ private:
+  const Model& model_;
+  Engine& engine_;
+  const ServerOptions options_;
+  RequestRegistry registry_;
+  const ServingContext context_;
+};
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_SERVER_INFERENCE_SERVICE_H_

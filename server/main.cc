@@ -1,0 +1,215 @@
+// ridgeserve: the gRPC inference server. main() is lifecycle only: parse flags, load the
+// model, start the endpoints, warm up, serve until SIGTERM/SIGINT, drain with a timeout, stop.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "engine/common/status_macros.h"
+#include "engine/engine.h"
+#include "engine/model/model.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "server/inference_service.h"
+#include "server/server_options.h"
+#include "server/shutdown_signal.h"
+#include "server/warm_up.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+          "GGUF file, or Hugging Face directory with config.json, *.safetensors and "
+          "tokenizer.json");
+ABSL_FLAG(std::string, ridgefill_maps, "", "RidgeFill map file (not implemented yet: ignored)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
+ABSL_FLAG(int32_t, port, 50051, "gRPC port (0: pick a free one; the log says which)");
+ABSL_FLAG(int32_t, metrics_port, 9400, "Prometheus /metrics port (not served yet)");
+ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu or cuda");
+ABSL_FLAG(int32_t, tensor_parallel, 1, "GPUs to shard the model over");
+ABSL_FLAG(int32_t, max_batch_tokens, 2048, "token budget of one engine step (prefill + decode)");
+ABSL_FLAG(int32_t, max_running_requests, 64, "requests decoding or prefilling at once");
+ABSL_FLAG(int32_t, max_queued_requests, 256,
+          "waiting requests beyond this are refused with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, kv_cache_tokens, 65536, "KV cache capacity in tokens");
+ABSL_FLAG(int32_t, default_exact_tail_tokens, 1024,
+          "RidgeFill: exact prompt tail when a request does not say");
+ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(std::string, draft_model, "", "draft model for SPEC_PC / SPEC_KV (not implemented yet)");
+ABSL_FLAG(double, shutdown_timeout_s, 30,
+          "on SIGTERM/SIGINT, how long in-flight requests may take to finish before they are "
+          "aborted");
+
+namespace ridgeserve {
+namespace {
+
+constexpr absl::Duration kWarmUpTimeout = absl::Minutes(10);
+// After the drain timeout: time for aborted streams to send their last message, then for
+// gRPC to cancel whatever is left.
+constexpr absl::Duration kAbortGrace = absl::Seconds(3);
+constexpr absl::Duration kShutdownGrace = absl::Seconds(1);
+constexpr int kMaxMessageBytes = 64 << 20;  // long prompts as text or token ids
+
+absl::Status CheckFlags() {
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend == "cuda") {
+    return absl::UnimplementedError(
+        "--backend cuda: the CUDA backend is not built into this binary");
+  }
+  if (backend != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda, got ", backend));
+  }
+  if (absl::GetFlag(FLAGS_tensor_parallel) != 1) {
+    return absl::UnimplementedError("--tensor_parallel: only 1 is supported on the cpu backend");
+  }
+  const int32_t port = absl::GetFlag(FLAGS_port);
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", port));
+  }
+  for (const auto& [name, value] :
+       {std::pair{"max_batch_tokens", absl::GetFlag(FLAGS_max_batch_tokens)},
+        std::pair{"max_running_requests", absl::GetFlag(FLAGS_max_running_requests)},
+        std::pair{"max_queued_requests", absl::GetFlag(FLAGS_max_queued_requests)},
+        std::pair{"kv_cache_tokens", absl::GetFlag(FLAGS_kv_cache_tokens)}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 1, got ", value));
+    }
+  }
+  if (absl::GetFlag(FLAGS_default_exact_tail_tokens) < 0) {
+    return absl::InvalidArgumentError("--default_exact_tail_tokens must be >= 0");
+  }
+  if (!(absl::GetFlag(FLAGS_shutdown_timeout_s) >= 0)) {
+    return absl::InvalidArgumentError("--shutdown_timeout_s must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+std::string ListenAddress(const std::string& host, int32_t port) {
+  const bool ipv6 = absl::StrContains(host, ':') && !absl::StartsWith(host, "[");
+  return ipv6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
+// Stop admitting, let in-flight requests finish until the timeout (or a second signal), then
+// abort the rest; their streams end with finish_reason ABORTED.
+void Drain(InferenceService& service, grpc::Server& server, const ShutdownSignal& signals) {
+  server.GetHealthCheckService()->SetServingStatus(false);
+  service.StartDraining();
+  const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_shutdown_timeout_s));
+  spdlog::info("draining: {} request(s) in flight, waiting up to {}", service.num_in_flight(),
+               absl::FormatDuration(timeout));
+  const absl::Time deadline = absl::Now() + timeout;
+  bool idle = false;
+  // Short waits, so a second signal is noticed.
+  while (!(idle = service.WaitForIdle(std::min(deadline, absl::Now() + absl::Milliseconds(100))))) {
+    if (absl::Now() >= deadline) break;
+    if (signals.count() > 1) {
+      spdlog::warn("second signal: aborting in-flight requests now");
+      break;
+    }
+  }
+  if (!idle) {
+    const int aborted = service.AbortAll();
+    spdlog::warn("drain: aborted {} request(s) still in flight", aborted);
+    if (!service.WaitForIdle(absl::Now() + kAbortGrace)) {
+      spdlog::warn("drain: {} call(s) still open; cancelling them", service.num_in_flight());
+    }
+  }
+  server.Shutdown(absl::ToChronoTime(absl::Now() + kShutdownGrace));
+  server.Wait();
+}
+
+absl::Status Serve(ShutdownSignal& signals) {
+  RS_RETURN_IF_ERROR(CheckFlags());
+  if (!absl::GetFlag(FLAGS_ridgefill_maps).empty()) {
+    spdlog::warn("--ridgefill_maps: RidgeFill is not implemented yet; the maps are not loaded");
+  }
+  if (!absl::GetFlag(FLAGS_draft_model).empty()) {
+    spdlog::warn("--draft_model: SpecPC / SpecKV are not implemented yet; not loaded");
+  }
+
+  std::unique_ptr<Backend> backend = CreateCpuBackend(absl::GetFlag(FLAGS_threads));
+  const std::string model_path = absl::GetFlag(FLAGS_model);
+  const absl::Time load_start = absl::Now();
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(model_path, *backend));
+  spdlog::info("loaded {} ({}, {} layers, context {}) in {:.2f} s", model_path,
+               model->config.arch_name, model->config.num_layers, model->config.context_length,
+               absl::ToDoubleSeconds(absl::Now() - load_start));
+
+  EngineOptions engine_options;
+  engine_options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  engine_options.scheduler.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
+  engine_options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  engine_options.kv_cache_tokens = absl::GetFlag(FLAGS_kv_cache_tokens);
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
+
+  ServerOptions options;
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  options.default_exact_tail_tokens = absl::GetFlag(FLAGS_default_exact_tail_tokens);
+  InferenceService service(*model, *engine, options);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  const std::string host = absl::GetFlag(FLAGS_host);
+  int port = 0;
+  builder.AddListeningPort(ListenAddress(host, absl::GetFlag(FLAGS_port)),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  // A second server on a busy port must fail, not share the port with the first.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", ListenAddress(host, absl::GetFlag(FLAGS_port))));
+  }
+  // gRPC's health service starts out SERVING; it is not until the warm-up ran.
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  spdlog::info("listening on {} (health NOT_SERVING until warmed up)", ListenAddress(host, port));
+
+  if (absl::Status warm = WarmUp(*engine, *model, kWarmUpTimeout); !warm.ok()) {
+    server->Shutdown(absl::ToChronoTime(absl::Now()));
+    return absl::Status(warm.code(), absl::StrCat("warm-up failed: ", warm.message()));
+  }
+  if (signals.count() == 0) {
+    health->SetServingStatus(true);
+    spdlog::info("serving on {}", ListenAddress(host, port));
+  }
+
+  const int signal = signals.Wait();
+  spdlog::info("received signal {}: shutting down", signal);
+  Drain(service, *server, signals);
+  spdlog::info("stopped");
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace ridgeserve
+
+int main(int argc, char** argv) {
+  // First, so that a signal during start-up is seen once serving would begin.
+  ridgeserve::ShutdownSignal signals;
+  absl::SetProgramUsageMessage(
+      "gRPC LLM inference server.\n  ridgeserve --model models/SmolLM2-135M-Instruct.Q4_1.gguf "
+      "--port 50051");
+  absl::ParseCommandLine(argc, argv);
+  spdlog::set_default_logger(spdlog::stderr_color_mt("ridgeserve"));
+
+  if (absl::Status status = ridgeserve::Serve(signals); !status.ok()) {
+    spdlog::error("{}", status.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,25 @@
+// Server options that shape how requests are served (from ridgeserve's flags), kept apart from
+// the model's architecture (ModelConfig) and from per-request options (the proto).
+#ifndef RIDGESERVE_SERVER_SERVER_OPTIONS_H_
+#define RIDGESERVE_SERVER_SERVER_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ridgeserve {
+
+struct ServerOptions {
+  std::string backend = "cpu";  // reported by GetModelInfo
+  int32_t tensor_parallel = 1;
+  // RidgeFill: tokens at the end of the prompt that run exactly when a request does not say.
+  int32_t default_exact_tail_tokens = 1024;
+  // Split layers of the loaded RidgeFill maps; empty: none loaded, RIDGEFILL is refused.
+  std::vector<int32_t> ridgefill_split_layers;
+  // A draft model is loaded (SPEC_PC / SPEC_KV possible). Not implemented yet.
+  bool has_draft_model = false;
+};
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_SERVER_SERVER_OPTIONS_H_
