@@ -71,9 +71,18 @@ void LlamaModel::EnsureWorkspace(int32_t rows, int32_t table_entries) {
 }
 
 absl::Status LlamaModel::Forward(const ForwardBatch& batch, PagedKvCache& cache,
-                                 std::vector<float>& logits) {
+                                 std::vector<float>& logits, ForwardCapture* capture) {
   const int32_t n = batch.num_rows();
   if (n == 0) return absl::InvalidArgumentError("forward: empty batch");
+  if (capture != nullptr) {
+    for (int32_t d : capture->depths) {
+      if (d < 0 || d > config_.num_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: capture depth ", d, " outside [0, ", config_.num_layers, "]"));
+      }
+    }
+    capture->states.resize(capture->depths.size());
+  }
   for (int32_t t : batch.tokens) {
     if (t < 0 || t >= config_.vocab_size) {
       return absl::InvalidArgumentError(
@@ -101,9 +110,19 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, PagedKvCache& cache,
   const AttentionRows rows{n, positions_.as<int32_t>(), seq_.as<int32_t>(), tables_.as<int32_t>(),
                            batch.max_blocks_per_seq};
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // Copies the residual stream x (after `depth` layers) into every capture slot asking for it.
+  auto capture_at = [&](int32_t depth) {
+    for (size_t i = 0; i < capture->depths.size(); ++i) {
+      if (capture->depths[i] != depth) continue;
+      std::vector<float>& out = capture->states[i];
+      out.resize(static_cast<size_t>(n) * c.hidden);
+      backend_.CopyToHost(out.data(), x, sizeof(float) * out.size());
+    }
+  };
 
   backend_.Embed(weights_.token_embd.as<float>(), c.hidden, tokens_.as<int32_t>(), n, x);
   for (int32_t l = 0; l < c.num_layers; ++l) {
+    if (capture != nullptr) capture_at(l);
     const LayerWeights& w = weights_.layers[l];
     const KvLayerView kv = cache.layer(l);
     // Attention block: x += o_proj(attention(rope(qkv(norm(x))))).
@@ -133,6 +152,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, PagedKvCache& cache,
     backend_.MatMul(act_.as<float>(), n, c.ffn, w.w_down.as<float>(), c.hidden, nullptr, proj);
     backend_.Add(x, proj, static_cast<size_t>(n) * c.hidden);
   }
+  if (capture != nullptr) capture_at(c.num_layers);
 
   const int32_t m = static_cast<int32_t>(batch.logit_rows.size());
   logits.resize(static_cast<size_t>(m) * c.vocab_size);

@@ -39,6 +39,16 @@ struct ForwardBatch {
   void RequestAllLogits();
 };
 
+// Optional copy of the residual stream during Forward (offline tools: RidgeFill calibration).
+// Depth d is the stream after d layers: the input of layer d (before its input RMSNorm), which
+// is also the output of layer d - 1; depth 0 is the embeddings, depth num_layers the stream
+// before the final norm. Forward fills states[i] with [batch rows, hidden] host floats for
+// depths[i]. Capturing does not change any computed value.
+struct ForwardCapture {
+  std::vector<int32_t> depths;  // each in [0, num_layers]
+  std::vector<std::vector<float>> states;
+};
+
 // Threading: one thread drives a LlamaModel (the engine thread).
 class LlamaModel {
  public:
@@ -46,9 +56,13 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   Backend& backend() { return backend_; }
+  // The weights on the backend (read-only; offline tools read norms and projections).
+  const ModelWeights& weights() const { return weights_; }
 
-  // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host).
-  absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>& logits);
+  // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host). With
+  // `capture`, also copies the residual stream at capture->depths (see ForwardCapture).
+  absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>& logits,
+                       ForwardCapture* capture = nullptr);
 
  private:
   // Scratch for `rows` rows; grows on demand.
