@@ -5,12 +5,11 @@
 
 #include <chrono>
 #include <future>
-#include <random>
 #include <thread>
 
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/default_model_fixture.h"
 
 namespace ridgeserve {
 namespace {
@@ -21,27 +20,8 @@ struct Outcome {
   absl::Status status;
 };
 
-class EngineTest : public ::testing::Test {
+class EngineTest : public DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    backend_ = CreateCpuBackend(0).release();
-    auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, *backend_);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete backend_;
-  }
-
-  static std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int32_t> pick(256, model_->config.vocab_size - 1);
-    std::vector<int32_t> tokens(n);
-    for (int32_t& t : tokens) t = pick(rng);
-    return tokens;
-  }
-
   // Greedy decoding without the engine: one sequence, one token per forward pass.
   static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new) {
     SequenceRunner runner(*model_->llama, static_cast<int32_t>(prompt.size()) + max_new);
@@ -113,12 +93,7 @@ class EngineTest : public ::testing::Test {
       EXPECT_TRUE(out.reason == FinishReason::kLength || out.reason == FinishReason::kStop);
     }
   }
-
-  static Backend* backend_;
-  static Model* model_;
 };
-Backend* EngineTest::backend_ = nullptr;
-Model* EngineTest::model_ = nullptr;
 
 TEST_F(EngineTest, ConcurrentChunkedRequestsMatchSingleSequenceDecoding) {
   EngineOptions options;
@@ -128,9 +103,9 @@ TEST_F(EngineTest, ConcurrentChunkedRequestsMatchSingleSequenceDecoding) {
   ASSERT_TRUE(engine.ok());
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int> max_new;
-  const std::vector<int32_t> shared = RandomPrompt(40, 99);
+  const std::vector<int32_t> shared = RandomTokens(40, 99);
   for (int i = 0; i < 8; ++i) {
-    std::vector<int32_t> p = RandomPrompt(5 + 23 * i, 10 + i);
+    std::vector<int32_t> p = RandomTokens(5 + 23 * i, 10 + i);
     if (i % 3 == 0) p.insert(p.begin(), shared.begin(), shared.end());  // prefix-cache hits
     prompts.push_back(p);
     max_new.push_back(3 + 2 * i);
@@ -149,7 +124,7 @@ TEST_F(EngineTest, PreemptionLeavesOutputsUnchanged) {
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int> max_new;
   for (int i = 0; i < 6; ++i) {
-    prompts.push_back(RandomPrompt(40 + 7 * i, 50 + i));
+    prompts.push_back(RandomTokens(40 + 7 * i, 50 + i));
     max_new.push_back(24);
   }
   RunConcurrently(**engine, prompts, max_new);
@@ -162,7 +137,7 @@ TEST_F(EngineTest, AbortEndsRequestAndFreesBlocks) {
   ASSERT_TRUE(engine.ok());
   auto done = std::make_shared<std::promise<Outcome>>();
   auto finished = done->get_future();
-  auto id = (*engine)->Submit(Greedy(RandomPrompt(64, 7), 2000, done));
+  auto id = (*engine)->Submit(Greedy(RandomTokens(64, 7), 2000, done));
   ASSERT_TRUE(id.ok());
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   (*engine)->Abort(*id);
@@ -183,9 +158,9 @@ TEST_F(EngineTest, RejectsWhatCannotRun) {
   EXPECT_EQ(e.Submit(Greedy({}, 4, ignore)).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(e.Submit(Greedy({model_->config.vocab_size}, 4, ignore)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(e.Submit(Greedy(RandomPrompt(10, 1), 8190, ignore)).status().code(),
+  EXPECT_EQ(e.Submit(Greedy(RandomTokens(10, 1), 8190, ignore)).status().code(),
             absl::StatusCode::kOutOfRange);  // over the 8192-token context
-  EXPECT_EQ(e.Submit(Greedy(RandomPrompt(10, 1), 2000, ignore)).status().code(),
+  EXPECT_EQ(e.Submit(Greedy(RandomTokens(10, 1), 2000, ignore)).status().code(),
             absl::StatusCode::kOutOfRange);  // over the 1024-token KV cache
   // One runs, one waits; the third finds the queue full.
   std::vector<std::future<Outcome>> admitted;
@@ -193,7 +168,7 @@ TEST_F(EngineTest, RejectsWhatCannotRun) {
   for (int i = 0; i < 3; ++i) {
     auto done = std::make_shared<std::promise<Outcome>>();
     auto future = done->get_future();
-    auto id = e.Submit(Greedy(RandomPrompt(8, 20 + i), 200, done));
+    auto id = e.Submit(Greedy(RandomTokens(8, 20 + i), 200, done));
     if (id.ok()) {
       admitted.push_back(std::move(future));
     } else {

@@ -1,49 +1,23 @@
 // Batch invariance of the whole forward pass on the default model: a sequence's logits are
 // bitwise the same alone, split into prefill chunks, and batched with other sequences (some
 // prefilling, some decoding).
-#include <random>
 
-#include "engine/model/model.h"
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/default_model_fixture.h"
 
 namespace ridgeserve {
 namespace {
 
-class ForwardTest : public ::testing::Test {
+class ForwardTest : public DefaultModelTest {
  protected:
-  static void SetUpTestSuite() {
-    backend_ = CreateCpuBackend(0).release();
-    auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, *backend_);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = model->release();
-  }
-  static void TearDownTestSuite() {
-    delete model_;
-    delete backend_;
-  }
-
-  static std::vector<int32_t> RandomTokens(int n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_int_distribution<int32_t> pick(3, model_->config.vocab_size - 1);
-    std::vector<int32_t> tokens(n);
-    for (int32_t& t : tokens) t = pick(rng);
-    return tokens;
-  }
-
   static std::vector<float> AloneAllLogits(const std::vector<int32_t>& tokens, int chunk) {
     SequenceRunner runner(*model_->llama, static_cast<int32_t>(tokens.size()));
     std::vector<float> logits;
     EXPECT_TRUE(runner.Append(tokens, chunk, /*all_logits=*/true, logits).ok());
     return logits;
   }
-
-  static Backend* backend_;
-  static Model* model_;
 };
-Backend* ForwardTest::backend_ = nullptr;
-Model* ForwardTest::model_ = nullptr;
 
 TEST_F(ForwardTest, ChunkedPrefillIsBitwiseIdentical) {
   const std::vector<int32_t> tokens = RandomTokens(150, 1);

@@ -1,0 +1,47 @@
+// The default model (SmolLM2-135M-Instruct GGUF; `make model` fetches it) loaded once on the
+// CPU backend for a test suite, plus deterministic random prompts.
+#ifndef RIDGESERVE_TESTS_ENGINE_DEFAULT_MODEL_FIXTURE_H_
+#define RIDGESERVE_TESTS_ENGINE_DEFAULT_MODEL_FIXTURE_H_
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "engine/model/model.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+
+namespace ridgeserve {
+
+class DefaultModelTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    backend_ = CreateCpuBackend(0).release();
+    auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, *backend_);
+    ASSERT_TRUE(model.ok()) << model.status() << " (make model fetches it)";
+    model_ = model->release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete backend_;
+    model_ = nullptr;
+    backend_ = nullptr;
+  }
+
+  // `n` ids drawn uniformly from the non-special part of the vocabulary.
+  static std::vector<int32_t> RandomTokens(int n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_int_distribution<int32_t> pick(256, model_->config.vocab_size - 1);
+    std::vector<int32_t> tokens(n);
+    for (int32_t& t : tokens) t = pick(rng);
+    return tokens;
+  }
+
+  static inline Backend* backend_ = nullptr;
+  static inline Model* model_ = nullptr;
+};
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_TESTS_ENGINE_DEFAULT_MODEL_FIXTURE_H_
