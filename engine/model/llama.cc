@@ -1,8 +1,12 @@
 #include "engine/model/llama.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
+#include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "engine/ridgefill/ridgefill_maps.h"
 
 namespace ridgeserve {
 
@@ -70,9 +74,21 @@ void LlamaModel::EnsureWorkspace(int32_t rows, int32_t table_entries) {
   }
 }
 
-absl::Status LlamaModel::Forward(const ForwardBatch& batch, PagedKvCache& cache,
+namespace {
+
+// Filled rows of one split layer, contiguous in the reordered batch.
+struct FillGroup {
+  int32_t split = 0;
+  int32_t begin = 0;  // first row
+  int32_t count = 0;
+  const RidgeFillSplitMaps* maps = nullptr;
+};
+
+}  // namespace
+
+absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
                                  std::vector<float>& logits, ForwardCapture* capture) {
-  const int32_t n = batch.num_rows();
+  const int32_t n = input.num_rows();
   if (n == 0) return absl::InvalidArgumentError("forward: empty batch");
   if (capture != nullptr) {
     for (int32_t d : capture->depths) {
@@ -83,12 +99,82 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, PagedKvCache& cache,
     }
     capture->states.resize(capture->depths.size());
   }
-  for (int32_t t : batch.tokens) {
+  for (int32_t t : input.tokens) {
     if (t < 0 || t >= config_.vocab_size) {
       return absl::InvalidArgumentError(
           absl::StrCat("forward: token id ", t, " outside vocabulary of ", config_.vocab_size));
     }
   }
+
+  // RidgeFill: reorder rows by decreasing split (exact rows first), so that the rows still
+  // running full layers at layer l — exact rows and filled rows with split >= l — are always
+  // a prefix, and each split's filled rows are a contiguous range whose residual rows stay
+  // frozen at h_s once the prefix has moved past them. Every op is row-invariant, so the
+  // exact rows' results do not depend on the reordering.
+  bool any_fill = false;
+  if (!input.fill_split.empty()) {
+    if (static_cast<int32_t>(input.fill_split.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forward: fill_split has ", input.fill_split.size(), " entries for ", n, " rows"));
+    }
+    for (int32_t s : input.fill_split) {
+      if (s < -1) {
+        return absl::InvalidArgumentError(absl::StrCat("forward: fill split ", s, " < -1"));
+      }
+      any_fill |= s >= 0;
+    }
+  }
+  ForwardBatch reordered;
+  std::vector<FillGroup> groups;
+  int32_t num_exact = n;
+  if (any_fill) {
+    if (capture != nullptr) {
+      return absl::InvalidArgumentError("forward: capture with RidgeFill rows is not supported");
+    }
+    if (ridgefill_maps_ == nullptr) {
+      return absl::FailedPreconditionError("forward: RidgeFill rows but no maps are loaded");
+    }
+    auto key = [&](int32_t row) {
+      const int32_t s = input.fill_split[row];
+      return s < 0 ? std::numeric_limits<int32_t>::max() : s;
+    };
+    std::vector<int32_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return key(a) > key(b); });
+    std::vector<int32_t> new_index(n);
+    reordered.block_tables = input.block_tables;
+    reordered.max_blocks_per_seq = input.max_blocks_per_seq;
+    for (int32_t i = 0; i < n; ++i) {
+      const int32_t r = order[i];
+      new_index[r] = i;
+      reordered.tokens.push_back(input.tokens[r]);
+      reordered.positions.push_back(input.positions[r]);
+      reordered.seq.push_back(input.seq[r]);
+      reordered.slots.push_back(input.slots[r]);
+      const int32_t s = input.fill_split[r];
+      if (s < 0) continue;
+      if (groups.empty() || groups.back().split != s) {
+        const RidgeFillSplitMaps* maps = ridgefill_maps_->FindSplit(s);
+        if (maps == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("forward: no RidgeFill maps for split layer ", s));
+        }
+        if (groups.empty()) num_exact = i;
+        groups.push_back(FillGroup{s, i, 0, maps});
+      }
+      ++groups.back().count;
+    }
+    for (int32_t r : input.logit_rows) {
+      if (r < 0 || r >= n || input.fill_split[r] >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: logit row ", r, " is not an exact row"));
+      }
+      reordered.logit_rows.push_back(new_index[r]);
+    }
+  }
+  const ForwardBatch& batch = any_fill ? reordered : input;
+
   EnsureWorkspace(n, static_cast<int32_t>(batch.block_tables.size()));
   auto upload = [&](const std::vector<int32_t>& v, const DeviceBuffer& dst) {
     backend_.CopyToDevice(dst.as<void>(), v.data(), sizeof(int32_t) * v.size());
@@ -107,8 +193,6 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, PagedKvCache& cache,
   float* qkv = qkv_.as<float>();
   float* proj = proj_.as<float>();
   const float* inv_freq = weights_.rope_inv_freq.as<float>();
-  const AttentionRows rows{n, positions_.as<int32_t>(), seq_.as<int32_t>(), tables_.as<int32_t>(),
-                           batch.max_blocks_per_seq};
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   // Copies the residual stream x (after `depth` layers) into every capture slot asking for it.
   auto capture_at = [&](int32_t depth) {
@@ -125,32 +209,67 @@ absl::Status LlamaModel::Forward(const ForwardBatch& batch, PagedKvCache& cache,
     if (capture != nullptr) capture_at(l);
     const LayerWeights& w = weights_.layers[l];
     const KvLayerView kv = cache.layer(l);
+    // Rows running this layer in full: exact rows and filled rows whose split is >= l.
+    int32_t na = num_exact;
+    // Filled rows past their split only write this layer's K/V, before the full rows'
+    // attention reads the cache. Only the K/V rows [q_dim, q_dim + 2 kv_dim) of the fused
+    // QKV projection are computed.
+    for (const FillGroup& g : groups) {
+      if (g.split >= l) {
+        na += g.count;
+        continue;
+      }
+      const float* h_s = x + static_cast<size_t>(g.begin) * c.hidden;
+      const float* in = h_s;  // layer s + 1 sees the exact h_s
+      if (l >= g.split + 2) {
+        const RidgeFillLayerMap& map = g.maps->by_layer[l];
+        backend_.MatMul(h_s, g.count, c.hidden, map.weight.as<float>(), c.hidden,
+                        map.bias.as<float>(), proj);
+        in = proj;
+      }
+      backend_.RmsNorm(in, w.attn_norm.as<float>(), g.count, c.hidden, c.rms_eps, xn);
+      backend_.MatMul(xn, g.count, c.hidden,
+                      w.wqkv.as<float>() + static_cast<size_t>(q_dim) * c.hidden, 2 * kv_dim,
+                      w.bqkv.bytes() > 0 ? w.bqkv.as<float>() + q_dim : nullptr, qkv);
+      float* k = qkv;
+      float* v = qkv + kv_dim;
+      if (c.qk_norm) {
+        backend_.RmsNormHeads(k, 2 * kv_dim, g.count, c.num_kv_heads, c.head_dim,
+                              w.k_norm.as<float>(), c.rms_eps);
+      }
+      backend_.Rope(k, 2 * kv_dim, g.count, c.num_kv_heads, c.head_dim,
+                    positions_.as<int32_t>() + g.begin, inv_freq);
+      backend_.StoreKv(kv, k, v, 2 * kv_dim, g.count, slots_.as<int32_t>() + g.begin);
+    }
+    if (na == 0) continue;
+    const AttentionRows rows{na, positions_.as<int32_t>(), seq_.as<int32_t>(),
+                             tables_.as<int32_t>(), batch.max_blocks_per_seq};
     // Attention block: x += o_proj(attention(rope(qkv(norm(x))))).
-    backend_.RmsNorm(x, w.attn_norm.as<float>(), n, c.hidden, c.rms_eps, xn);
-    backend_.MatMul(xn, n, c.hidden, w.wqkv.as<float>(), qkv_dim,
+    backend_.RmsNorm(x, w.attn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
+    backend_.MatMul(xn, na, c.hidden, w.wqkv.as<float>(), qkv_dim,
                     w.bqkv.bytes() > 0 ? w.bqkv.as<float>() : nullptr, qkv);
     float* q = qkv;
     float* k = qkv + q_dim;
     float* v = qkv + q_dim + kv_dim;
     if (c.qk_norm) {
-      backend_.RmsNormHeads(q, qkv_dim, n, c.num_heads, c.head_dim, w.q_norm.as<float>(),
+      backend_.RmsNormHeads(q, qkv_dim, na, c.num_heads, c.head_dim, w.q_norm.as<float>(),
                             c.rms_eps);
-      backend_.RmsNormHeads(k, qkv_dim, n, c.num_kv_heads, c.head_dim, w.k_norm.as<float>(),
+      backend_.RmsNormHeads(k, qkv_dim, na, c.num_kv_heads, c.head_dim, w.k_norm.as<float>(),
                             c.rms_eps);
     }
-    backend_.Rope(q, qkv_dim, n, c.num_heads, c.head_dim, positions_.as<int32_t>(), inv_freq);
-    backend_.Rope(k, qkv_dim, n, c.num_kv_heads, c.head_dim, positions_.as<int32_t>(), inv_freq);
-    backend_.StoreKv(kv, k, v, qkv_dim, n, slots_.as<int32_t>());
+    backend_.Rope(q, qkv_dim, na, c.num_heads, c.head_dim, positions_.as<int32_t>(), inv_freq);
+    backend_.Rope(k, qkv_dim, na, c.num_kv_heads, c.head_dim, positions_.as<int32_t>(), inv_freq);
+    backend_.StoreKv(kv, k, v, qkv_dim, na, slots_.as<int32_t>());
     backend_.Attention(q, qkv_dim, c.num_heads, kv, rows, scale, attn_.as<float>());
-    backend_.MatMul(attn_.as<float>(), n, q_dim, w.wo.as<float>(), c.hidden, nullptr, proj);
-    backend_.Add(x, proj, static_cast<size_t>(n) * c.hidden);
+    backend_.MatMul(attn_.as<float>(), na, q_dim, w.wo.as<float>(), c.hidden, nullptr, proj);
+    backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
     // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
-    backend_.RmsNorm(x, w.ffn_norm.as<float>(), n, c.hidden, c.rms_eps, xn);
-    backend_.MatMul(xn, n, c.hidden, w.w_gate_up.as<float>(), 2 * c.ffn, nullptr,
+    backend_.RmsNorm(x, w.ffn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
+    backend_.MatMul(xn, na, c.hidden, w.w_gate_up.as<float>(), 2 * c.ffn, nullptr,
                     gate_up_.as<float>());
-    backend_.SwiGlu(gate_up_.as<float>(), n, c.ffn, act_.as<float>());
-    backend_.MatMul(act_.as<float>(), n, c.ffn, w.w_down.as<float>(), c.hidden, nullptr, proj);
-    backend_.Add(x, proj, static_cast<size_t>(n) * c.hidden);
+    backend_.SwiGlu(gate_up_.as<float>(), na, c.ffn, act_.as<float>());
+    backend_.MatMul(act_.as<float>(), na, c.ffn, w.w_down.as<float>(), c.hidden, nullptr, proj);
+    backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
   }
   if (capture != nullptr) capture_at(c.num_layers);
 

@@ -15,6 +15,8 @@
 
 namespace ridgeserve {
 
+class RidgeFillMaps;  // engine/ridgefill/ridgefill_maps.h
+
 // One forward step: rows from one or more sequences. Every row's K/V is written to its slot
 // before attention, so rows of the same sequence in one step see each other causally.
 struct ForwardBatch {
@@ -25,6 +27,12 @@ struct ForwardBatch {
   std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], padded with 0
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> logit_rows;  // rows whose logits are wanted, in output order
+  // RidgeFill, per row (empty = every row exact): -1 = exact row; s >= 0 = filled row with
+  // split layer s (LlamaModel::SetRidgeFillMaps must hold maps for s). A filled row runs
+  // layers 0..s exactly, then only writes K/V: at layer s + 1 from the exact h_s, at each
+  // layer l >= s + 2 from ĥ_l = W_l h_s + b_l. It gets no logits and its own row does not
+  // attend after layer s. Exact rows run every layer and see the filled rows' K/V.
+  std::vector<int32_t> fill_split;
 
   int32_t num_rows() const { return static_cast<int32_t>(tokens.size()); }
   // Appends a sequence's rows for `tokens` at positions start_pos.. (blocks reserved) and
@@ -59,8 +67,15 @@ class LlamaModel {
   // The weights on the backend (read-only; offline tools read norms and projections).
   const ModelWeights& weights() const { return weights_; }
 
+  // Maps for rows with a fill split (nullptr = none; batches with filled rows then fail).
+  // Not owned; must outlive every Forward that uses them and live on this model's backend.
+  void SetRidgeFillMaps(const RidgeFillMaps* maps) { ridgefill_maps_ = maps; }
+  const RidgeFillMaps* ridgefill_maps() const { return ridgefill_maps_; }
+
   // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host). With
   // `capture`, also copies the residual stream at capture->depths (see ForwardCapture).
+  // With filled rows (batch.fill_split): logit rows must be exact rows and capture is not
+  // supported (InvalidArgument). Exact rows' results are bitwise those of the plain path.
   absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>& logits,
                        ForwardCapture* capture = nullptr);
 
@@ -71,6 +86,7 @@ class LlamaModel {
   ModelConfig config_;
   ModelWeights weights_;
   Backend& backend_;
+  const RidgeFillMaps* ridgefill_maps_ = nullptr;
 
   int32_t capacity_rows_ = 0;
   int32_t capacity_table_ = 0;

@@ -50,6 +50,7 @@
 #include "engine/ridgefill/calibration_stats.h"
 #include "engine/ridgefill/map_file.h"
 #include "engine/ridgefill/ridge_solver.h"
+#include "engine/tools/tool_util.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "nlohmann/json.hpp"
 #include "spdlog/sinks/stdout_color_sinks.h"
@@ -74,20 +75,8 @@ ABSL_FLAG(std::string, check, "", "map file to check against --model (prints its
 namespace ridgeserve {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using Clock = ToolClock;
 using Json = nlohmann::json;
-
-double SecondsSince(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 // JSON cannot hold NaN; unmeasured values become null.
 Json Num(double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); }

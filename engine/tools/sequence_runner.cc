@@ -15,17 +15,35 @@ SequenceRunner::SequenceRunner(LlamaModel& model, int32_t max_tokens, int32_t bl
 SequenceRunner::~SequenceRunner() { Reset(); }
 
 absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chunk, bool all_logits,
-                                    std::vector<float>& logits) {
+                                    std::vector<float>& logits, const RidgeFillRun* fill) {
   const int32_t vocab = model_.config().vocab_size;
   const int32_t block_size = cache_.shape().block_size;
+  if (fill != nullptr && fill->filled_tokens > 0) {
+    if (all_logits) return absl::InvalidArgumentError("RidgeFill append: all_logits unsupported");
+    if (fill->filled_tokens >= static_cast<int32_t>(tokens.size())) {
+      return absl::InvalidArgumentError("RidgeFill append: the last token must be exact");
+    }
+  } else {
+    fill = nullptr;
+  }
   RS_RETURN_IF_ERROR(
       table_.Reserve(cache_.pool(), length_ + static_cast<int32_t>(tokens.size()), block_size));
   logits.clear();
   for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
     const size_t count = std::min<size_t>(chunk, tokens.size() - begin);
     ForwardBatch batch;
+    // Only the last chunk's last row is sure to be exact under RidgeFill.
     batch.AddSequence(table_, block_size, tokens.subspan(begin, count), length_,
-                      /*want_logits=*/true);
+                      /*want_logits=*/fill == nullptr || begin + count == tokens.size());
+    if (fill != nullptr) {
+      batch.fill_split.resize(count, -1);
+      for (size_t i = 0; i < count; ++i) {
+        const int32_t index = static_cast<int32_t>(begin + i);
+        if (index < fill->filled_tokens && length_ + static_cast<int32_t>(i) >= fill->sink_tokens) {
+          batch.fill_split[i] = fill->split_layer;
+        }
+      }
+    }
     if (all_logits) batch.RequestAllLogits();
     RS_RETURN_IF_ERROR(model_.Forward(batch, cache_, chunk_logits_));
     length_ += static_cast<int32_t>(count);

@@ -13,6 +13,15 @@
 
 namespace ridgeserve {
 
+// RidgeFill for one Append: the first `filled_tokens` appended tokens are filled rows with
+// split `split_layer` (the model needs maps for it), except positions < sink_tokens, which
+// stay exact (attention sinks; matches ridgeserve-calibrate's --sink_tokens default).
+struct RidgeFillRun {
+  int32_t split_layer = -1;
+  int32_t filled_tokens = 0;
+  int32_t sink_tokens = 4;
+};
+
 class SequenceRunner {
  public:
   // Room for `max_tokens` tokens in the cache.
@@ -21,8 +30,12 @@ class SequenceRunner {
 
   // Appends `tokens` in forward passes of at most `chunk` rows. `logits` receives the logits
   // of every appended row ([tokens, vocab]) when all_logits, else of the last one ([vocab]).
+  // With `fill` (RidgeFill), all_logits must be false and the last token must be exact.
   absl::Status Append(std::span<const int32_t> tokens, int32_t chunk, bool all_logits,
-                      std::vector<float>& logits);
+                      std::vector<float>& logits, const RidgeFillRun* fill = nullptr);
+  // The cache (tests read K/V; the sequence's slots follow block_table()).
+  const PagedKvCache& cache() const { return cache_; }
+  const BlockTable& block_table() const { return table_; }
   // Forgets the sequence (blocks go back to the pool).
   void Reset();
   int32_t length() const { return length_; }

@@ -1,0 +1,213 @@
+// ridgefill_check: runs the RidgeFill fill path of LlamaModel on a real model and prints one
+// JSON object of measurements for ridgefill_forward_test.py to judge:
+//   no_fill_bitwise    a prompt run with a fill_split vector but no filled rows (every row a
+//                      sink) gives bitwise the plain path's last-row logits
+//   mixed_bitwise      an exact sequence batched with (and reordered around) another sequence's
+//                      filled rows gives bitwise its logits alone
+//   kl, top1_match     last-row KL(exact || RidgeFill) in nats and top-1 agreement, with the
+//                      file's maps for --split, the first tokens - tail rows filled (sinks exact)
+//   kl_broken          the same with a broken map (W = 0, b = 0) for the same split
+//   kv_s1_max_abs      max |K/V| difference at layer s + 1 between the exact and the RidgeFill
+//                      run over the filled rows (both computed from the exact h_s)
+//   kv_s2_max_abs      the same at layer s + 2 (predicted: must differ)
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/common/status_macros.h"
+#include "engine/kv/paged_kv_cache.h"
+#include "engine/model/model.h"
+#include "engine/ridgefill/map_file.h"
+#include "engine/ridgefill/ridgefill_maps.h"
+#include "engine/tools/sequence_runner.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model, "", "model file");
+ABSL_FLAG(std::string, maps, "", "map file");
+ABSL_FLAG(std::string, text, "", "prompt text file");
+ABSL_FLAG(int32_t, tokens, 1024, "prompt tokens");
+ABSL_FLAG(int32_t, split, 14, "split layer");
+ABSL_FLAG(int32_t, tail, 256, "exact tail tokens");
+ABSL_FLAG(int32_t, chunk, 512, "prefill chunk");
+ABSL_FLAG(int32_t, threads, 0, "CPU threads");
+
+namespace ridgeserve {
+namespace {
+
+using Json = nlohmann::json;
+
+double KlDivergence(const std::vector<float>& p_logits, const std::vector<float>& q_logits) {
+  auto log_softmax = [](const std::vector<float>& z) {
+    const double max = *std::max_element(z.begin(), z.end());
+    double sum = 0;
+    for (float v : z) sum += std::exp(v - max);
+    std::vector<double> out(z.size());
+    for (size_t i = 0; i < z.size(); ++i) out[i] = z[i] - max - std::log(sum);
+    return out;
+  };
+  const std::vector<double> lp = log_softmax(p_logits), lq = log_softmax(q_logits);
+  double kl = 0;
+  for (size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
+  return kl;
+}
+
+int32_t Argmax(const std::vector<float>& v) {
+  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+// K and V rows of layer l for positions [begin, end) of the runner's sequence, host copies.
+std::vector<float> ReadKv(Backend& backend, const SequenceRunner& runner, int32_t l, int32_t begin,
+                          int32_t end) {
+  const KvLayerView view = runner.cache().layer(l);
+  const int32_t width = view.num_kv_heads * view.head_dim;
+  std::vector<float> out(static_cast<size_t>(end - begin) * 2 * width);
+  for (int32_t p = begin; p < end; ++p) {
+    const int32_t slot = runner.block_table().Slot(p, view.block_size);
+    float* row = &out[static_cast<size_t>(p - begin) * 2 * width];
+    backend.CopyToHost(row, view.k + static_cast<size_t>(slot) * width, sizeof(float) * width);
+    backend.CopyToHost(row + width, view.v + static_cast<size_t>(slot) * width,
+                       sizeof(float) * width);
+  }
+  return out;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max<double>(m, std::fabs(a[i] - b[i]));
+  return m;
+}
+
+absl::StatusOr<Json> Run() {
+  std::unique_ptr<Backend> backend = CreateCpuBackend(absl::GetFlag(FLAGS_threads));
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                      LoadModel(absl::GetFlag(FLAGS_model), *backend));
+  const ModelConfig& c = model->config;
+  // The fingerprint check is ridgeserve-eval ttft's and the calibrator's --check's job; here
+  // the shapes are checked by RidgeFillMaps::Load.
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<MapFile> file,
+                      MapFile::OpenUnchecked(absl::GetFlag(FLAGS_maps)));
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMaps> maps,
+                      RidgeFillMaps::Load(file->maps(), c, *backend));
+  std::ifstream in(absl::GetFlag(FLAGS_text), std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<int32_t> tokens = model->tokenizer->Encode(text.str(), true, false);
+  const int32_t n = absl::GetFlag(FLAGS_tokens);
+  if (static_cast<int32_t>(tokens.size()) < n) {
+    return absl::InvalidArgumentError(absl::StrCat("text has only ", tokens.size(), " tokens"));
+  }
+  tokens.resize(n);
+  const int32_t split = absl::GetFlag(FLAGS_split), tail = absl::GetFlag(FLAGS_tail);
+  const int32_t chunk = absl::GetFlag(FLAGS_chunk);
+  LlamaModel& llama = *model->llama;
+  llama.SetRidgeFillMaps(maps.get());
+  Json out;
+
+  SequenceRunner runner(llama, n);
+  std::vector<float> exact, filled, no_fill;
+  RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, exact));
+  const int32_t fill_end = n - tail;
+  const std::vector<float> kv1_exact = ReadKv(*backend, runner, split + 1, 4, fill_end);
+  const std::vector<float> kv2_exact = ReadKv(*backend, runner, split + 2, 4, fill_end);
+
+  // (1) A fill_split vector with no filled rows: every row is a sink.
+  runner.Reset();
+  const RidgeFillRun all_sinks{split, n - 1, n};
+  RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, no_fill, &all_sinks));
+  out["no_fill_bitwise"] = no_fill == exact;
+
+  // (2) RidgeFill with the file's maps.
+  runner.Reset();
+  const RidgeFillRun fill{split, fill_end, 4};
+  RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, filled, &fill));
+  out["kl"] = KlDivergence(exact, filled);
+  out["top1_exact"] = Argmax(exact);
+  out["top1_ridgefill"] = Argmax(filled);
+  out["top1_match"] = Argmax(exact) == Argmax(filled);
+  out["kv_s1_max_abs"] = MaxAbsDiff(kv1_exact, ReadKv(*backend, runner, split + 1, 4, fill_end));
+  out["kv_s2_max_abs"] = MaxAbsDiff(kv2_exact, ReadKv(*backend, runner, split + 2, 4, fill_end));
+
+  // (3) A broken map for the same split: W = 0, b = 0.
+  MapSet broken = file->maps();
+  std::vector<float> zeros(static_cast<size_t>(c.hidden) * c.hidden, 0.0f);
+  broken.splits.clear();
+  for (const SplitMaps& s : file->maps().splits) {
+    if (s.split_layer != split) continue;
+    SplitMaps z = s;
+    for (TargetMap& t : z.targets) {
+      t.weight = zeros;
+      t.bias = std::span<const float>(zeros).first(c.hidden);
+    }
+    broken.splits.push_back(z);
+  }
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMaps> broken_maps,
+                      RidgeFillMaps::Load(broken, c, *backend));
+  llama.SetRidgeFillMaps(broken_maps.get());
+  std::vector<float> broken_logits;
+  runner.Reset();
+  RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, broken_logits, &fill));
+  out["kl_broken"] = KlDivergence(exact, broken_logits);
+  out["top1_broken"] = Argmax(broken_logits);
+  llama.SetRidgeFillMaps(maps.get());
+
+  // (4) Mixed batch: sequence B (filled rows, listed first) and exact sequence A in one
+  // forward pass; A's logits must be bitwise those of A alone.
+  const int32_t len_a = 64, len_b = 128;
+  std::vector<float> alone;
+  {
+    SequenceRunner a_runner(llama, len_a);
+    RS_RETURN_IF_ERROR(a_runner.Append(std::span(tokens).first(len_a), chunk, false, alone));
+  }
+  const int32_t bs = 16;
+  PagedKvCache cache(*backend, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, bs,
+                                            (len_a + len_b) / bs + 2});
+  BlockTable table_a, table_b;
+  RS_RETURN_IF_ERROR(table_b.Reserve(cache.pool(), len_b, bs));
+  RS_RETURN_IF_ERROR(table_a.Reserve(cache.pool(), len_a, bs));
+  ForwardBatch batch;
+  batch.AddSequence(table_b, bs, std::span(tokens).subspan(len_a, len_b), 0, true);
+  batch.AddSequence(table_a, bs, std::span(tokens).first(len_a), 0, true);
+  batch.fill_split.assign(batch.num_rows(), -1);
+  for (int32_t i = 4; i < len_b - 16; ++i) batch.fill_split[i] = split;
+  std::vector<float> mixed;
+  RS_RETURN_IF_ERROR(llama.Forward(batch, cache, mixed));
+  out["mixed_bitwise"] = std::equal(alone.begin(), alone.end(), mixed.begin() + c.vocab_size);
+  table_a.Release(cache.pool());
+  table_b.Release(cache.pool());
+
+  // A filled logit row is refused.
+  ForwardBatch bad;
+  BlockTable table_c;
+  RS_RETURN_IF_ERROR(table_c.Reserve(cache.pool(), 16, bs));
+  bad.AddSequence(table_c, bs, std::span(tokens).first(16), 0, true);
+  bad.fill_split.assign(16, split);
+  out["filled_logit_row_refused"] =
+      llama.Forward(bad, cache, mixed).code() == absl::StatusCode::kInvalidArgument;
+  table_c.Release(cache.pool());
+  llama.SetRidgeFillMaps(nullptr);
+  out["filled_rows"] = fill_end - 4;
+  return out;
+}
+
+}  // namespace
+}  // namespace ridgeserve
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<nlohmann::json> result = ridgeserve::Run();
+  if (!result.ok()) {
+    std::fprintf(stderr, "ridgefill_check: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  std::printf("%s\n", result->dump().c_str());
+  return 0;
+}
