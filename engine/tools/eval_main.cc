@@ -8,6 +8,12 @@
 //                 [--split_layer S] [--text FILE] [--repetitions R] [--chunk N]
 //                 exact vs RidgeFill prefill time (to the first token's logits), alternated in
 //                 one process, min over R repetitions each; every split in F unless S is given.
+//   needle        --model M --maps F --haystack FILE --lengths 2048,4096 --depths 0.1,0.5,0.9
+//                 --trials N [--exact_tail_tokens T] [--split_layer S]
+//                 passkey retrieval from the filled region, exact vs RidgeFill (eval_ridgefill.h)
+//   distant-loss  --model M --maps F --text FILE [--prompt_tokens 4096] [--exact_tail_tokens T]
+//                 [--split_layer S] [--windows N] [--distant_threshold_nats D]
+//                 tail-token NLL, exact vs RidgeFill, all and distant-dependent tokens
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -33,6 +39,7 @@
 #include "engine/ridgefill/map_file.h"
 #include "engine/ridgefill/ridgefill_maps.h"
 #include "engine/sampling/sampler.h"
+#include "engine/tools/eval_ridgefill.h"
 #include "engine/tools/sequence_runner.h"
 #include "engine/tools/tool_util.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -62,6 +69,14 @@ ABSL_FLAG(std::string, maps, "", "ttft: RidgeFill map file");
 ABSL_FLAG(int32_t, split_layer, -1, "ttft: split layer (-1 = every split in --maps)");
 ABSL_FLAG(int32_t, exact_tail_tokens, 1024, "ttft: prompt tokens at the end that run exactly");
 ABSL_FLAG(int32_t, repetitions, 2, "ttft: timed runs per mode (the minimum is reported)");
+ABSL_FLAG(std::string, haystack, "", "needle: filler text file (not the maps' calibration text)");
+ABSL_FLAG(std::string, depths, "0.1,0.5,0.9", "needle: needle depths in the filled region");
+ABSL_FLAG(int32_t, trials, 5, "needle: trials per (length, depth)");
+ABSL_FLAG(int32_t, prompt_tokens, 4096, "distant-loss: window length in tokens");
+ABSL_FLAG(int32_t, windows, 1, "distant-loss: consecutive windows of --text to average over");
+ABSL_FLAG(double, distant_threshold_nats, 1.0,
+          "distant-loss: a tail token is distant-dependent when its NLL with the full context "
+          "is lower than with the tail alone by more than this");
 
 namespace ridgeserve {
 namespace {
@@ -247,33 +262,7 @@ class Eval {
     const ModelConfig& c = model_->config;
     RS_ASSIGN_OR_RETURN(std::vector<int32_t> lengths,
                         ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
-    const std::string maps_path = absl::GetFlag(FLAGS_maps);
-    if (maps_path.empty()) return absl::InvalidArgumentError("--maps is required");
-    // The map file must have been fitted on this very model (fingerprint of its tensors).
-    const std::string model_path = absl::GetFlag(FLAGS_model);
-    std::unique_ptr<TensorSource> source;
-    std::error_code ec;
-    if (std::filesystem::is_directory(model_path, ec)) {
-      RS_ASSIGN_OR_RETURN(source, SafetensorsModel::Open(model_path));
-    } else {
-      RS_ASSIGN_OR_RETURN(source, GgufFile::Open(model_path));
-    }
-    MapFileExpectations expected;
-    expected.model = ComputeModelFingerprint(*source, c.name, c.num_layers, c.hidden);
-    expected.num_kv_heads = c.num_kv_heads;
-    expected.head_dim = c.head_dim;
-    RS_ASSIGN_OR_RETURN(std::unique_ptr<MapFile> file, MapFile::Open(maps_path, expected));
-    RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMaps> maps,
-                        RidgeFillMaps::Load(file->maps(), c, *backend_));
-    model_->llama->SetRidgeFillMaps(maps.get());
-    std::vector<int32_t> splits = maps->split_layers();
-    if (const int32_t s = absl::GetFlag(FLAGS_split_layer); s >= 0) {
-      if (maps->FindSplit(s) == nullptr) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--split_layer ", s, ": no maps for it in ", maps_path));
-      }
-      splits = {s};
-    }
+    RS_ASSIGN_OR_RETURN(std::vector<int32_t> splits, LoadMaps());
     const int32_t tail = absl::GetFlag(FLAGS_exact_tail_tokens);
     const int32_t reps = absl::GetFlag(FLAGS_repetitions);
     const int32_t chunk = absl::GetFlag(FLAGS_chunk);
@@ -343,15 +332,85 @@ class Eval {
                 {"prompt", absl::GetFlag(FLAGS_text).empty() ? "random" : "text"}};
   }
 
+  // Loads --maps onto the model and returns the splits to evaluate: --split_layer when given,
+  // else every split in the file.
+  absl::StatusOr<std::vector<int32_t>> LoadMaps() {
+    const ModelConfig& c = model_->config;
+    const std::string maps_path = absl::GetFlag(FLAGS_maps);
+    if (maps_path.empty()) return absl::InvalidArgumentError("--maps is required");
+    // The map file must have been fitted on this very model (fingerprint of its tensors).
+    const std::string model_path = absl::GetFlag(FLAGS_model);
+    std::unique_ptr<TensorSource> source;
+    std::error_code ec;
+    if (std::filesystem::is_directory(model_path, ec)) {
+      RS_ASSIGN_OR_RETURN(source, SafetensorsModel::Open(model_path));
+    } else {
+      RS_ASSIGN_OR_RETURN(source, GgufFile::Open(model_path));
+    }
+    MapFileExpectations expected;
+    expected.model = ComputeModelFingerprint(*source, c.name, c.num_layers, c.hidden);
+    expected.num_kv_heads = c.num_kv_heads;
+    expected.head_dim = c.head_dim;
+    RS_ASSIGN_OR_RETURN(map_file_, MapFile::Open(maps_path, expected));
+    RS_ASSIGN_OR_RETURN(maps_, RidgeFillMaps::Load(map_file_->maps(), c, *backend_));
+    model_->llama->SetRidgeFillMaps(maps_.get());
+    std::vector<int32_t> splits = maps_->split_layers();
+    if (const int32_t s = absl::GetFlag(FLAGS_split_layer); s >= 0) {
+      if (maps_->FindSplit(s) == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--split_layer ", s, ": no maps for it in ", maps_path));
+      }
+      splits = {s};
+    }
+    return splits;
+  }
+
+  absl::StatusOr<Json> Needle() {
+    NeedleOptions o;
+    RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    if (absl::GetFlag(FLAGS_haystack).empty()) {
+      return absl::InvalidArgumentError("--haystack is required");
+    }
+    RS_ASSIGN_OR_RETURN(o.haystack_text, ReadFile(absl::GetFlag(FLAGS_haystack)));
+    RS_ASSIGN_OR_RETURN(o.lengths, ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
+    for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_depths), ',')) {
+      double depth = 0;
+      if (!absl::SimpleAtod(d, &depth)) {
+        return absl::InvalidArgumentError(absl::StrCat("--depths: bad number \"", d, "\""));
+      }
+      o.depths.push_back(depth);
+    }
+    o.trials = absl::GetFlag(FLAGS_trials);
+    o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
+    o.chunk = absl::GetFlag(FLAGS_chunk);
+    o.seed = absl::GetFlag(FLAGS_seed);
+    return RunNeedle(*model_, o);
+  }
+
+  absl::StatusOr<Json> DistantLoss() {
+    DistantLossOptions o;
+    RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    RS_ASSIGN_OR_RETURN(o.text, ReadFile(absl::GetFlag(FLAGS_text)));
+    o.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+    o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
+    o.windows = absl::GetFlag(FLAGS_windows);
+    o.distant_threshold_nats = absl::GetFlag(FLAGS_distant_threshold_nats);
+    o.chunk = absl::GetFlag(FLAGS_chunk);
+    return RunDistantLoss(*model_, o);
+  }
+
  private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<MapFile> map_file_;
+  std::unique_ptr<RidgeFillMaps> maps_;
 };
 
 absl::StatusOr<Json> Run(const std::string& command) {
   Eval eval;
   if (command != "perplexity" && command != "generate" && command != "bench-prefill" &&
-      command != "logits" && command != "ttft") {
+      command != "logits" && command != "ttft" && command != "needle" &&
+      command != "distant-loss") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
   }
   RS_RETURN_IF_ERROR(eval.Init());
@@ -359,6 +418,8 @@ absl::StatusOr<Json> Run(const std::string& command) {
   if (command == "generate") return eval.Generate();
   if (command == "bench-prefill") return eval.BenchPrefill();
   if (command == "ttft") return eval.Ttft();
+  if (command == "needle") return eval.Needle();
+  if (command == "distant-loss") return eval.DistantLoss();
   return eval.Logits();
 }
 
@@ -367,7 +428,8 @@ absl::StatusOr<Json> Run(const std::string& command) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "ridgeserve-eval <perplexity|generate|bench-prefill|logits|ttft> --model M [flags]");
+      "ridgeserve-eval <perplexity|generate|bench-prefill|logits|ttft|needle|distant-loss> "
+      "--model M [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("eval"));
   if (args.size() != 2) {
