@@ -15,34 +15,12 @@ import subprocess
 import sys
 import tempfile
 
-SOURCE_DIR = os.environ.get(
-    "RIDGESERVE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-)
-BIN = os.environ.get("RIDGESERVE_BIN", os.path.join(SOURCE_DIR, "build", "bin"))
-MODEL = os.environ.get(
-    "RIDGESERVE_DEFAULT_MODEL",
-    os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-)
+sys.dont_write_bytecode = True
+from rf_testlib import BIN, MODEL, expect, finish, last_json, run  # noqa: E402
+
 TEXT = "/usr/share/common-licenses/GPL-3"
 SPLIT = 14
 LENGTH = 512
-
-failures = []
-
-
-def expect(ok, what):
-    print(("ok   " if ok else "FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
-
-def run(args):
-    done = subprocess.run(args, capture_output=True, text=True)
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr[-4000:])
-        raise SystemExit(f"command failed with {done.returncode}: {args[:2]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,8 +34,8 @@ def main():
         evalbin = os.path.join(BIN, "ridgeserve-eval")
         common = ["--model", MODEL, "--maps", maps, "--split_layer", str(SPLIT)]
 
-        n = run([evalbin, "needle", *common, "--haystack", TEXT, "--lengths", str(LENGTH),
-                 "--depths", "0.5", "--trials", "2", "--exact_tail_tokens", str(LENGTH)])
+        n = last_json(run([evalbin, "needle", *common, "--haystack", TEXT, "--lengths", str(LENGTH),
+                 "--depths", "0.5", "--trials", "2", "--exact_tail_tokens", str(LENGTH)]))
         print(json.dumps(n)[:600])
         res = n["results"]
         expect(len(res) == 1 and res[0]["prompt_tokens"] == LENGTH and res[0]["depth"] == 0.5
@@ -71,8 +49,8 @@ def main():
         expect(all(s["exact"] == s[f"ridgefill_{SPLIT}"] for s in res[0]["samples"]),
                "needle: no filled rows -> RidgeFill answers equal exact")
 
-        d = run([evalbin, "distant-loss", *common, "--text", TEXT, "--prompt_tokens",
-                 str(LENGTH), "--exact_tail_tokens", str(LENGTH)])
+        d = last_json(run([evalbin, "distant-loss", *common, "--text", TEXT, "--prompt_tokens",
+                 str(LENGTH), "--exact_tail_tokens", str(LENGTH)]))
         print(json.dumps(d))
         a, t = d["all_tokens"], d["distant_tokens"]
         expect(a["count"] == LENGTH - 1 and t["count"] == 0 and d["filled_tokens"] == 0,
@@ -80,8 +58,8 @@ def main():
         expect(a["ridgefill_nll"] == a["exact_nll"] and math.isfinite(a["exact_nll"]),
                "distant-loss: no filled rows -> RidgeFill NLL equals exact exactly")
 
-        d = run([evalbin, "distant-loss", *common, "--text", TEXT, "--prompt_tokens",
-                 str(LENGTH), "--exact_tail_tokens", str(LENGTH // 2)])
+        d = last_json(run([evalbin, "distant-loss", *common, "--text", TEXT, "--prompt_tokens",
+                 str(LENGTH), "--exact_tail_tokens", str(LENGTH // 2)]))
         print(json.dumps(d))
         a, t = d["all_tokens"], d["distant_tokens"]
         expect(d["filled_tokens"] == LENGTH // 2 and a["count"] == LENGTH // 2 - 1,
@@ -94,10 +72,7 @@ def main():
                "distant-loss with fill: RidgeFill NLL finite and different from exact")
         expect(a["tail_only_nll"] >= a["exact_nll"] - 0.05,
                "distant-loss: the tail alone predicts no better than the full context")
-    if failures:
-        print(f"{len(failures)} failure(s)")
-        sys.exit(1)
-    print("all ok")
+    sys.exit(finish())
 
 
 if __name__ == "__main__":

@@ -20,14 +20,9 @@ import subprocess
 import sys
 import tempfile
 
-SOURCE_DIR = os.environ.get(
-    "RIDGESERVE_SOURCE_DIR", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-)
-BIN = os.environ.get("RIDGESERVE_BIN", os.path.join(SOURCE_DIR, "build", "bin"))
-MODEL = os.environ.get(
-    "RIDGESERVE_DEFAULT_MODEL",
-    os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-)
+sys.dont_write_bytecode = True
+from rf_testlib import BIN, MODEL, expect, finish, last_json, run  # noqa: E402
+
 PROMPT_TEXT = "/usr/share/common-licenses/GPL-3"
 SPLIT = 14
 
@@ -43,29 +38,6 @@ MIN_BROKEN_RATIO = 4.0
 # only (values are O(1..10)).
 MAX_KV_S1 = 1e-3
 MIN_KV_S2 = 1e-2
-
-failures = []
-
-
-def expect(ok, what):
-    print(("  ok   " if ok else "  FAIL ") + what)
-    if not ok:
-        failures.append(what)
-
-
-def run(args):
-    print("$ " + " ".join(args), flush=True)
-    done = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        sys.stderr.write(done.stderr[-4000:])
-        raise SystemExit(f"command failed with {done.returncode}")
-    return done.stdout
-
-
-def last_json(stdout):
-    # Logs may precede it; the JSON object is the last line.
-    return json.loads(stdout.strip().splitlines()[-1])
-
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,10 +74,7 @@ def main():
                "ttft: one result for split 14 at 512 tokens")
         expect(all(x["exact_seconds"] > 0 and x["ridgefill_seconds"] > 0 for x in res),
                "ttft: positive timings")
-    if failures:
-        print(f"{len(failures)} failure(s)")
-        sys.exit(1)
-    print("all ok")
+    sys.exit(finish())
 
 
 if __name__ == "__main__":
