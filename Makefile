@@ -1,9 +1,10 @@
 # The README's two commands: `make serve` and `make test`. Both install what is missing.
 BUILD_DIR ?= build
 MODEL := models/SmolLM2-135M-Instruct.Q4_1.gguf
+MAPS := models/SmolLM2-135M-Instruct.Q4_1.rfmap
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build model serve test format clean
+.PHONY: all deps build model maps serve test format clean
 
 all: build
 
@@ -18,11 +19,16 @@ build: deps
 model: deps
 	scripts/fetch_model.sh
 
-# The gRPC server on the default model; try it with build/bin/ridgeserve-cli (README).
-serve: build model
-	$(BUILD_DIR)/bin/ridgeserve --model $(MODEL) --host 127.0.0.1 --port 50051
+# RidgeFill maps for the default model, calibrated once (about a minute) and cached.
+maps: build model
+	scripts/make_maps.sh $(BUILD_DIR) $(MODEL) $(MAPS)
 
-test: build model
+# The gRPC server on the default model; try it with build/bin/ridgeserve-cli (README).
+serve: maps
+	$(BUILD_DIR)/bin/ridgeserve --model $(MODEL) --ridgefill_maps $(MAPS) --host 127.0.0.1 \
+	  --port 50051
+
+test: maps
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
 format:

@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -9,7 +10,10 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/status_macros.h"
 #include "engine/kv/paged_kv_cache.h"
+#include "engine/ridgefill/ridgefill_maps.h"
+#include "engine/ridgefill_plan.h"
 #include "spdlog/spdlog.h"
 
 namespace ridgeserve {
@@ -26,6 +30,7 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
 struct Engine::Impl {
   // A request as the engine thread tracks it, beside the scheduler's SchedRequest.
   struct Live {
+    Live(EventCallback callback, Sampler s) : on_event(std::move(callback)), sampler(std::move(s)) {}
     EventCallback on_event;
     Sampler sampler;
     bool logprobs = false;
@@ -36,11 +41,16 @@ struct Engine::Impl {
     Clock::time_point arrival;
     std::optional<Clock::time_point> first_scheduled;
     std::optional<Clock::time_point> first_token;
+    // RidgeFill (split_layer < 0: exact).
+    int32_t split_layer = -1;
+    int32_t filled_prompt_tokens = 0;
+    double estimated_saved_seconds = 0;
   };
 
   struct Incoming {
     uint64_t id;
     EngineRequest request;
+    std::vector<uint8_t> filled_rows;  // RidgeFill plan; empty for exact requests
     Clock::time_point arrival;
   };
 
@@ -106,9 +116,21 @@ bool Engine::Impl::TakeInput() {
     sched->tokens = r.prompt;
     sched->num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
     sched->max_total_tokens = static_cast<int32_t>(r.prompt.size()) + r.max_new_tokens;
-    live.emplace(in.id,
-                 Live{std::move(r.on_event), Sampler(r.sampling), r.logprobs, r.max_new_tokens,
-                      sched->num_prompt_tokens, 0, 0, in.arrival, std::nullopt, std::nullopt});
+    Live l{std::move(r.on_event), Sampler(r.sampling)};
+    l.logprobs = r.logprobs;
+    l.max_new_tokens = r.max_new_tokens;
+    l.prompt_tokens = sched->num_prompt_tokens;
+    l.arrival = in.arrival;
+    if (!in.filled_rows.empty()) {
+      l.split_layer = r.ridgefill.split_layer;
+      l.filled_prompt_tokens = static_cast<int32_t>(
+          std::count(in.filled_rows.begin(), in.filled_rows.end(), uint8_t{1}));
+      // The maps' address identifies them: they live as long as this process's cache.
+      sched->cache_salt = RidgeFillCacheSalt(
+          l.split_layer, reinterpret_cast<uintptr_t>(model.llama->ridgefill_maps()));
+      sched->filled_rows = std::move(in.filled_rows);
+    }
+    live.emplace(in.id, std::move(l));
     if (absl::Status s = scheduler->Add(std::move(sched)); !s.ok()) {
       FinishWith(
           in.id, FinishReason::kNone,
@@ -128,7 +150,17 @@ void Engine::Impl::Emit(uint64_t id, Live& l, TokenEvent& event) {
   event.prompt_tokens = l.prompt_tokens;
   event.completion_tokens = l.completion_tokens;
   event.cached_prompt_tokens = l.cached_prompt_tokens;
-  if (l.first_token) event.timing.ttft_seconds = Seconds(l.arrival, *l.first_token);
+  event.split_layer = l.split_layer;
+  if (l.first_token) {
+    event.timing.ttft_seconds = Seconds(l.arrival, *l.first_token);
+    event.filled_prompt_tokens = l.filled_prompt_tokens;
+    event.exact_prompt_tokens = l.prompt_tokens - l.filled_prompt_tokens;
+    if (l.split_layer >= 0) {
+      event.skipped_layer_tokens =
+          int64_t{l.filled_prompt_tokens} * (model.config.num_layers - 1 - l.split_layer);
+    }
+    event.timing.estimated_ttft_saved_seconds = l.estimated_saved_seconds;
+  }
   if (event.finished) {
     const Clock::time_point now = Clock::now();
     if (l.first_scheduled) {
@@ -162,14 +194,37 @@ void Engine::Impl::Step() {
   const Clock::time_point start = Clock::now();
   const int32_t block_size = cache->shape().block_size;
   ForwardBatch batch;
-  for (const ScheduledChunk& chunk : plan.chunks) {
+  // RidgeFill: filled rows per chunk (their split is the request's).
+  std::vector<int32_t> filled_in_chunk(plan.chunks.size(), 0);
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = plan.chunks[i];
     SchedRequest& r = *chunk.request;
     Live& l = live.at(r.id);
     if (!l.first_scheduled) l.first_scheduled = start;
     batch.AddSequence(r.blocks, block_size, std::span(r.tokens).subspan(chunk.start, chunk.count),
                       chunk.start, chunk.sample);
+    const int32_t fill_end =
+        std::min(chunk.start + chunk.count, static_cast<int32_t>(r.filled_rows.size()));
+    const int32_t filled = static_cast<int32_t>(
+        std::count(r.filled_rows.begin() + std::min(chunk.start, fill_end),
+                   r.filled_rows.begin() + fill_end, uint8_t{1}));
+    if (filled == 0) continue;
+    filled_in_chunk[i] = filled;
+    batch.fill_split.resize(batch.num_rows() - chunk.count, -1);
+    for (int32_t p = chunk.start; p < chunk.start + chunk.count; ++p) {
+      batch.fill_split.push_back(p < fill_end && r.filled_rows[p] != 0 ? l.split_layer : -1);
+    }
   }
-  absl::Status status = model.llama->Forward(batch, *cache, logits);
+  if (!batch.fill_split.empty()) batch.fill_split.resize(batch.num_rows(), -1);
+  ForwardProfile profile;
+  absl::Status status = model.llama->Forward(batch, *cache, logits, nullptr,
+                                             batch.fill_split.empty() ? nullptr : &profile);
+  for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
+    if (filled_in_chunk[i] == 0) continue;
+    Live& l = live.at(plan.chunks[i].request->id);
+    l.estimated_saved_seconds += filled_in_chunk[i] * profile.SavedSecondsPerRow(
+                                                          l.split_layer, model.config.num_layers);
+  }
   std::vector<int32_t> sampled(plan.chunks.size(), -1);
   std::vector<float> logprobs(plan.chunks.size(), 0.0f);
   const int32_t vocab = model.config.vocab_size;
@@ -306,6 +361,25 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
                                               " tokens) exceeds the KV cache of ", capacity,
                                               " tokens"));
   }
+  std::vector<uint8_t> filled_rows;
+  if (request.ridgefill.split_layer >= 0) {
+    const RidgeFillMaps* maps = impl_->model.llama->ridgefill_maps();
+    if (maps == nullptr || maps->FindSplit(request.ridgefill.split_layer) == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "no RidgeFill maps loaded for split layer ", request.ridgefill.split_layer));
+    }
+    const Tokenizer& tokenizer = *impl_->model.tokenizer;
+    RidgeFillPlanOptions plan;
+    plan.exact_tail_tokens = request.ridgefill.exact_tail_tokens;
+    plan.sink_tokens = impl_->options.ridgefill_sink_tokens;
+    plan.min_prompt_tokens = impl_->options.ridgefill_min_prompt_tokens;
+    plan.exact_spans = request.ridgefill.exact_spans;
+    RS_ASSIGN_OR_RETURN(filled_rows,
+                        PlanRidgeFillRows(request.prompt, plan,
+                                          [&](int32_t t) { return tokenizer.IsSpecial(t); }));
+    // Nothing filled: the request is exact, and shares the exact prefix cache.
+    if (std::count(filled_rows.begin(), filled_rows.end(), uint8_t{1}) == 0) filled_rows.clear();
+  }
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
@@ -317,7 +391,8 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
           absl::StrCat("request queue is full (", waiting, " waiting)"));
     }
     id = impl_->next_id++;
-    impl_->incoming.push_back(Impl::Incoming{id, std::move(request), Clock::now()});
+    impl_->incoming.push_back(
+        Impl::Incoming{id, std::move(request), std::move(filled_rows), Clock::now()});
   }
   impl_->cv.notify_one();
   return id;

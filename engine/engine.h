@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -23,6 +24,9 @@ namespace ridgeserve {
 struct EngineOptions {
   SchedulerConfig scheduler;
   int32_t kv_cache_tokens = 65536;  // KV cache capacity (rounded up to whole blocks)
+  // RidgeFill (needs maps set on the model with LlamaModel::SetRidgeFillMaps):
+  int32_t ridgefill_sink_tokens = 4;        // first prompt rows that always run exactly
+  int32_t ridgefill_min_prompt_tokens = 0;  // shorter prompts run exactly
 };
 
 enum class FinishReason { kNone, kStop, kLength, kStopSequence, kAborted };
@@ -33,6 +37,10 @@ struct RequestTiming {
   double ttft_seconds = 0;     // arrival → first token sampled
   double prefill_seconds = 0;  // first scheduled → first token sampled
   double e2e_seconds = 0;      // arrival → finished
+  // RidgeFill: the work its filled rows skipped, priced at the per-row cost of the exact
+  // layers measured in the same forward passes, minus the measured cost of filling them.
+  // 0 for exact requests. Known from the first token on.
+  double estimated_ttft_saved_seconds = 0;
 };
 
 struct TokenEvent {
@@ -45,10 +53,26 @@ struct TokenEvent {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_prompt_tokens = 0;  // prefix-cache hits
-  RequestTiming timing;              // ttft set from the first token on; the rest when finished
+  // RidgeFill (from the first token on): prompt rows filled approximately, and the rest of
+  // the prompt, which ran every layer. Exact requests: filled 0, exact = prompt_tokens.
+  int32_t filled_prompt_tokens = 0;
+  int32_t exact_prompt_tokens = 0;
+  int32_t split_layer = -1;           // RidgeFill split used; -1 for exact requests
+  int64_t skipped_layer_tokens = 0;   // sum over filled rows of the layers they skipped
+  RequestTiming timing;               // ttft set from the first token on; the rest when finished
 };
 
 using EventCallback = std::function<void(const TokenEvent&)>;
+
+// Which prompt rows RidgeFill fills (DESIGN.md, "RidgeFill — our definition"). Every prompt
+// row is filled except: the last exact_tail_tokens (and always the last prompt token, whose
+// logits start decoding), the first EngineOptions::ridgefill_sink_tokens, special tokens
+// (the tokenizer's added/control tokens, e.g. chat-template markers) and exact_spans.
+struct RidgeFillRequest {
+  int32_t split_layer = -1;  // < 0: exact prefill (the rest is ignored)
+  int32_t exact_tail_tokens = 0;
+  std::vector<std::pair<int32_t, int32_t>> exact_spans;  // [begin, end) prompt positions
+};
 
 struct EngineRequest {
   std::vector<int32_t> prompt;
@@ -56,6 +80,7 @@ struct EngineRequest {
   int32_t max_new_tokens = 256;
   int32_t priority = 0;  // lower runs first
   bool logprobs = false;
+  RidgeFillRequest ridgefill;
   EventCallback on_event;
 };
 
@@ -79,7 +104,9 @@ class Engine {
 
   // Queues a request and returns its id. ResourceExhausted when the waiting queue is full,
   // OutOfRange when prompt + max_new_tokens exceeds the context or the KV cache, and
-  // InvalidArgument for an empty prompt or a token outside the vocabulary.
+  // InvalidArgument for an empty prompt, a token outside the vocabulary or a bad RidgeFill
+  // parameter (negative tail, span outside the prompt), FailedPrecondition for a RidgeFill
+  // split layer the model has no maps for.
   absl::StatusOr<uint64_t> Submit(EngineRequest request);
   // Ends a request within one step; its final event has finish_reason kAborted. Unknown or
   // finished ids are ignored.

@@ -6,6 +6,7 @@ packages=(
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  prometheus-cpp-dev prometheus
   python3-venv unzip bible-kjv
 )
 missing=()

@@ -11,6 +11,12 @@ namespace ridgeserve {
 // --- GenerateCall ---------------------------------------------------------------------------
 
 absl::Status GenerateCall::Start(const v1::GenerateRequest& request, StepSink sink) {
+  absl::Status status = Submit(request, std::move(sink));
+  if (!status.ok()) context_.metrics.RecordError(status.code());
+  return status;
+}
+
+absl::Status GenerateCall::Submit(const v1::GenerateRequest& request, StepSink sink) {
   absl::StatusOr<ValidatedRequest> validated = ValidateGenerateRequest(
       request, *context_.model.tokenizer, context_.model.config, context_.options);
   if (!validated.ok()) {
@@ -53,6 +59,7 @@ void GenerateCall::AbortEngineRequest() {
 
 void GenerateCall::OnEvent(const TokenEvent& event) {
   OutputBuilder::Step step = output_->OnEvent(event);
+  metrics_.OnEvent(event, step.delta.finish_reason());
   if (step.abort_engine) AbortEngineRequest();
   if (step.finished) {
     const v1::Usage& usage = step.delta.usage();

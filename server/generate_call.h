@@ -22,6 +22,7 @@
 #include "engine/model/model.h"
 #include "grpcpp/grpcpp.h"
 #include "ridgeserve/v1/ridgeserve.grpc.pb.h"
+#include "server/metrics.h"
 #include "server/output_builder.h"
 #include "server/request_registry.h"
 #include "server/server_options.h"
@@ -34,6 +35,7 @@ struct ServingContext {
   Engine& engine;
   const ServerOptions& options;
   RequestRegistry& registry;
+  ServerMetrics& metrics;
 };
 
 // One generation request's path from the wire to the engine and back, shared by both
@@ -43,11 +45,12 @@ class GenerateCall {
  public:
   using StepSink = std::function<void(OutputBuilder::Step)>;
 
-  explicit GenerateCall(const ServingContext& context) : context_(context) {}
+  explicit GenerateCall(const ServingContext& context)
+      : context_(context), metrics_(context.metrics) {}
 
   // Validates, admits and submits. The sink then gets one step per engine event, the last
-  // with finished set; it may run before Start returns. Not OK: the request was refused and
-  // the sink is never called.
+  // with finished set; it may run before Start returns. Not OK: the request was refused (and
+  // counted as an error) and the sink is never called.
   absl::Status Start(const v1::GenerateRequest& request, StepSink sink);
   // The client is gone: end the engine request (its final event still comes).
   void Cancel();
@@ -55,6 +58,7 @@ class GenerateCall {
   void Done();
 
  private:
+  absl::Status Submit(const v1::GenerateRequest& request, StepSink sink);
   void OnEvent(const TokenEvent& event);
   void AbortEngineRequest();
 
@@ -62,6 +66,7 @@ class GenerateCall {
   std::string request_id_;
   bool admitted_ = false;
   std::optional<OutputBuilder> output_;  // engine thread only, once submitted
+  RequestMetrics metrics_;               // engine thread only, once submitted
   StepSink sink_;
 };
 

@@ -10,11 +10,12 @@
 
 namespace ridgeserve {
 
-InferenceService::InferenceService(const Model& model, Engine& engine, ServerOptions options)
+InferenceService::InferenceService(const Model& model, Engine& engine, ServerOptions options,
+                                   ServerMetrics& metrics)
     : model_(model),
       engine_(engine),
       options_(std::move(options)),
-      context_{model_, engine_, options_, registry_} {}
+      context_{model_, engine_, options_, registry_, metrics} {}
 
 grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* /*context*/,
                                                      const v1::GenerateRequest* request,

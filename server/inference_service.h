@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "ridgeserve/v1/ridgeserve.grpc.pb.h"
 #include "server/generate_call.h"
+#include "server/metrics.h"
 #include "server/request_registry.h"
 #include "server/server_options.h"
 
@@ -19,8 +20,9 @@ namespace ridgeserve {
 
 class InferenceService final : public v1::Inference::CallbackService {
  public:
-  // `model` and `engine` must outlive the service and every call on it.
-  InferenceService(const Model& model, Engine& engine, ServerOptions options);
+  // `model`, `engine` and `metrics` must outlive the service and every call on it.
+  InferenceService(const Model& model, Engine& engine, ServerOptions options,
+                   ServerMetrics& metrics);
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
                                      const v1::GenerateRequest* request,

@@ -1,5 +1,6 @@
 // ridgeserve: the gRPC inference server. main() is lifecycle only: parse flags, load the
 // model, start the endpoints, warm up, serve until SIGTERM/SIGINT, drain with a timeout, stop.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,16 +12,19 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/common/status_macros.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
+#include "engine/ridgefill_load.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "server/inference_service.h"
+#include "server/metrics.h"
 #include "server/server_options.h"
 #include "server/shutdown_signal.h"
 #include "server/warm_up.h"
@@ -30,10 +34,22 @@
 ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
           "GGUF file, or Hugging Face directory with config.json, *.safetensors and "
           "tokenizer.json");
-ABSL_FLAG(std::string, ridgefill_maps, "", "RidgeFill map file (not implemented yet: ignored)");
+ABSL_FLAG(std::string, ridgefill_maps, "",
+          "RidgeFill map file from ridgeserve-calibrate (empty: RIDGEFILL requests are refused "
+          "with FAILED_PRECONDITION)");
+ABSL_FLAG(int32_t, default_split_layer, -1,
+          "RidgeFill: split layer when a request names none (-1: the highest split in the maps, "
+          "the most faithful)");
+ABSL_FLAG(int32_t, ridgefill_sink_tokens, 4,
+          "RidgeFill: first prompt tokens that always run exactly (attention sinks)");
+ABSL_FLAG(int32_t, ridgefill_min_prompt_tokens, 0,
+          "RidgeFill: prompts shorter than this run exactly");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port (0: pick a free one; the log says which)");
-ABSL_FLAG(int32_t, metrics_port, 9400, "Prometheus /metrics port (not served yet)");
+ABSL_FLAG(int32_t, metrics_port, 9400,
+          "Prometheus /metrics port (0: pick a free one, the log says which; -1: no metrics "
+          "endpoint)");
+ABSL_FLAG(std::string, metrics_host, "", "address /metrics listens on (empty: the same as --host)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu or cuda");
 ABSL_FLAG(int32_t, tensor_parallel, 1, "GPUs to shard the model over");
 ABSL_FLAG(int32_t, max_batch_tokens, 2048, "token budget of one engine step (prefill + decode)");
@@ -41,6 +57,8 @@ ABSL_FLAG(int32_t, max_running_requests, 64, "requests decoding or prefilling at
 ABSL_FLAG(int32_t, max_queued_requests, 256,
           "waiting requests beyond this are refused with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, kv_cache_tokens, 65536, "KV cache capacity in tokens");
+ABSL_FLAG(bool, enable_prefix_caching, true,
+          "reuse the KV blocks of prompt prefixes computed before (per prefill mode)");
 ABSL_FLAG(int32_t, default_exact_tail_tokens, 1024,
           "RidgeFill: exact prompt tail when a request does not say");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all)");
@@ -75,6 +93,11 @@ absl::Status CheckFlags() {
   if (port < 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--port must be in [0, 65535], got ", port));
   }
+  const int32_t metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  if (metrics_port < -1 || metrics_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics_port must be in [-1, 65535], got ", metrics_port));
+  }
   for (const auto& [name, value] :
        {std::pair{"max_batch_tokens", absl::GetFlag(FLAGS_max_batch_tokens)},
         std::pair{"max_running_requests", absl::GetFlag(FLAGS_max_running_requests)},
@@ -96,6 +119,17 @@ absl::Status CheckFlags() {
 std::string ListenAddress(const std::string& host, int32_t port) {
   const bool ipv6 = absl::StrContains(host, ':') && !absl::StartsWith(host, "[");
   return ipv6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+}
+
+// Starts /metrics unless --metrics_port is -1.
+absl::Status ServeMetrics(ServerMetrics& metrics) {
+  const int32_t port = absl::GetFlag(FLAGS_metrics_port);
+  if (port < 0) return absl::OkStatus();
+  std::string host = absl::GetFlag(FLAGS_metrics_host);
+  if (host.empty()) host = absl::GetFlag(FLAGS_host);
+  RS_RETURN_IF_ERROR(metrics.Serve(host, port));
+  spdlog::info("metrics on http://{}/metrics", ListenAddress(host, metrics.port()));
+  return absl::OkStatus();
 }
 
 // Stop admitting, let in-flight requests finish until the timeout (or a second signal), then
@@ -129,9 +163,6 @@ void Drain(InferenceService& service, grpc::Server& server, const ShutdownSignal
 
 absl::Status Serve(ShutdownSignal& signals) {
   RS_RETURN_IF_ERROR(CheckFlags());
-  if (!absl::GetFlag(FLAGS_ridgefill_maps).empty()) {
-    spdlog::warn("--ridgefill_maps: RidgeFill is not implemented yet; the maps are not loaded");
-  }
   if (!absl::GetFlag(FLAGS_draft_model).empty()) {
     spdlog::warn("--draft_model: SpecPC / SpecKV are not implemented yet; not loaded");
   }
@@ -144,18 +175,43 @@ absl::Status Serve(ShutdownSignal& signals) {
                model->config.arch_name, model->config.num_layers, model->config.context_length,
                absl::ToDoubleSeconds(absl::Now() - load_start));
 
+  ServerOptions options;
+  LoadedRidgeFillMaps ridgefill;
+  if (const std::string maps_path = absl::GetFlag(FLAGS_ridgefill_maps); !maps_path.empty()) {
+    RS_ASSIGN_OR_RETURN(ridgefill, LoadRidgeFillMaps(maps_path, *model));
+    options.ridgefill_split_layers = ridgefill.maps->split_layers();
+    std::sort(options.ridgefill_split_layers.begin(), options.ridgefill_split_layers.end());
+    options.default_split_layer = absl::GetFlag(FLAGS_default_split_layer);
+    if (options.default_split_layer < 0) {
+      options.default_split_layer = options.ridgefill_split_layers.back();
+    } else if (ridgefill.maps->FindSplit(options.default_split_layer) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--default_split_layer ", options.default_split_layer, ": ", maps_path,
+                       " has no maps for it (it has ",
+                       absl::StrJoin(options.ridgefill_split_layers, ", "), ")"));
+    }
+    spdlog::info("RidgeFill maps {}: split layers {}, default {}", maps_path,
+                 absl::StrJoin(options.ridgefill_split_layers, ", "), options.default_split_layer);
+  }
+
   EngineOptions engine_options;
+  engine_options.ridgefill_sink_tokens = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
+  engine_options.ridgefill_min_prompt_tokens = absl::GetFlag(FLAGS_ridgefill_min_prompt_tokens);
   engine_options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   engine_options.scheduler.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   engine_options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   engine_options.kv_cache_tokens = absl::GetFlag(FLAGS_kv_cache_tokens);
+  engine_options.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
 
-  ServerOptions options;
   options.backend = absl::GetFlag(FLAGS_backend);
   options.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   options.default_exact_tail_tokens = absl::GetFlag(FLAGS_default_exact_tail_tokens);
-  InferenceService service(*model, *engine, options);
+  ServerMetrics metrics(
+      [&engine = *engine] { return engine.stats(); },
+      {RIDGESERVE_VERSION, model->config.name, options.backend, options.tensor_parallel});
+  RS_RETURN_IF_ERROR(ServeMetrics(metrics));
+  InferenceService service(*model, *engine, options, metrics);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

@@ -63,15 +63,15 @@ OutputBuilder::Step OutputBuilder::OnEvent(const TokenEvent& event) {
   usage.set_prompt_tokens(prompt_tokens);
   usage.set_completion_tokens(completion_tokens_);
   usage.set_cached_prompt_tokens(event.cached_prompt_tokens);
-  usage.set_filled_prompt_tokens(0);  // exact prefill only, for now
-  usage.set_exact_prompt_tokens(prompt_tokens);
+  usage.set_filled_prompt_tokens(event.filled_prompt_tokens);
+  usage.set_exact_prompt_tokens(prompt_tokens - event.filled_prompt_tokens);
 
   v1::Timing& timing = *delta.mutable_timing();
   timing.set_queue_seconds(event.timing.queue_seconds);
   timing.set_ttft_seconds(event.timing.ttft_seconds);
   timing.set_prefill_seconds(event.timing.prefill_seconds);
   timing.set_e2e_seconds(event.timing.e2e_seconds);
-  timing.set_estimated_ttft_saved_seconds(0);
+  timing.set_estimated_ttft_saved_seconds(event.timing.estimated_ttft_saved_seconds);
   return step;
 }
 

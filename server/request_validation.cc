@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "engine/common/status_macros.h"
 
@@ -132,12 +133,21 @@ absl::Status ValidatePrefill(const v1::PrefillOptions& p, const ServerOptions& o
   switch (p.mode()) {
     case v1::PrefillOptions::EXACT:
       return absl::OkStatus();
-    case v1::PrefillOptions::RIDGEFILL:
+    case v1::PrefillOptions::RIDGEFILL: {
       if (options.ridgefill_split_layers.empty()) {
-        return absl::FailedPreconditionError("prefill.mode RIDGEFILL: no RidgeFill maps loaded");
+        return absl::FailedPreconditionError(
+            "prefill.mode RIDGEFILL: no RidgeFill maps loaded (start the server with "
+            "--ridgefill_maps)");
       }
-      // Maps can be listed but the fill step is not implemented yet.
-      return absl::FailedPreconditionError("prefill.mode RIDGEFILL is not available yet");
+      const auto& splits = options.ridgefill_split_layers;
+      if (r.has_split_layer() &&
+          std::find(splits.begin(), splits.end(), r.split_layer()) == splits.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("prefill.ridgefill.split_layer ", r.split_layer(),
+                         ": no RidgeFill maps for it (loaded: ", absl::StrJoin(splits, ", "), ")"));
+      }
+      return absl::OkStatus();
+    }
     case v1::PrefillOptions::SPEC_PC:
       return absl::FailedPreconditionError("prefill.mode SPEC_PC is not available");
     case v1::PrefillOptions::SPEC_KV:
@@ -237,6 +247,22 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const v1::GenerateReque
   }
   out.engine.priority = request.priority();
   out.engine.logprobs = request.sampling().has_logprobs() && request.sampling().logprobs();
+  if (request.prefill().mode() == v1::PrefillOptions::RIDGEFILL) {
+    const v1::RidgeFillOptions& r = request.prefill().ridgefill();
+    RidgeFillRequest& fill = out.engine.ridgefill;
+    fill.split_layer = r.has_split_layer() ? r.split_layer() : options.default_split_layer;
+    fill.exact_tail_tokens =
+        r.has_exact_tail_tokens() ? r.exact_tail_tokens() : options.default_exact_tail_tokens;
+    for (int i = 0; i < r.exact_spans_size(); ++i) {
+      const v1::Span& span = r.exact_spans(i);
+      if (span.end() > prompt_len) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prefill.ridgefill.exact_spans[", i, "].end (", span.end(),
+                         ") is past the end of the prompt (", prompt_len, " tokens)"));
+      }
+      fill.exact_spans.emplace_back(span.begin(), span.end());
+    }
+  }
   return out;
 }
 

@@ -16,6 +16,8 @@ struct ServerOptions {
   int32_t default_exact_tail_tokens = 1024;
   // Split layers of the loaded RidgeFill maps; empty: none loaded, RIDGEFILL is refused.
   std::vector<int32_t> ridgefill_split_layers;
+  // The split a RIDGEFILL request gets when it names none (one of ridgefill_split_layers).
+  int32_t default_split_layer = -1;
   // A draft model is loaded (SPEC_PC / SPEC_KV possible). Not implemented yet.
   bool has_draft_model = false;
 };

@@ -1,6 +1,7 @@
 #include "engine/model/llama.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -74,22 +75,20 @@ void LlamaModel::EnsureWorkspace(int32_t rows, int32_t table_entries) {
   }
 }
 
-namespace {
-
-// Filled rows of one split layer, contiguous in the reordered batch.
-struct FillGroup {
-  int32_t split = 0;
-  int32_t begin = 0;  // first row
-  int32_t count = 0;
-  const RidgeFillSplitMaps* maps = nullptr;
-};
-
-}  // namespace
+double ForwardProfile::SavedSecondsPerRow(int32_t split_layer, int32_t num_layers) const {
+  for (const Fill& f : fills) {
+    if (f.split_layer != split_layer || f.rows == 0) continue;
+    return (num_layers - 1 - split_layer) * full_layer_row_seconds - f.seconds / f.rows;
+  }
+  return 0;
+}
 
 absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
-                                 std::vector<float>& logits, ForwardCapture* capture) {
+                                 std::vector<float>& logits, ForwardCapture* capture,
+                                 ForwardProfile* profile) {
   const int32_t n = input.num_rows();
   if (n == 0) return absl::InvalidArgumentError("forward: empty batch");
+  if (profile != nullptr) *profile = ForwardProfile{};
   if (capture != nullptr) {
     for (int32_t d : capture->depths) {
       if (d < 0 || d > config_.num_layers) {
@@ -204,42 +203,35 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     }
   };
 
+  // Profiling (filled rows only): layers 0..lowest split run every row in full.
+  const bool timed = profile != nullptr && !groups.empty();
+  const int32_t lowest_split = groups.empty() ? -1 : groups.back().split;
+  std::vector<double> fill_seconds(groups.size(), 0.0);
+  double full_seconds = 0;
+  auto Now = [&] {
+    backend_.Synchronize();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+
   backend_.Embed(weights_.token_embd.as<float>(), c.hidden, tokens_.as<int32_t>(), n, x);
   for (int32_t l = 0; l < c.num_layers; ++l) {
+    if (timed && l <= lowest_split) full_seconds -= Now();
     if (capture != nullptr) capture_at(l);
     const LayerWeights& w = weights_.layers[l];
     const KvLayerView kv = cache.layer(l);
     // Rows running this layer in full: exact rows and filled rows whose split is >= l.
     int32_t na = num_exact;
     // Filled rows past their split only write this layer's K/V, before the full rows'
-    // attention reads the cache. Only the K/V rows [q_dim, q_dim + 2 kv_dim) of the fused
-    // QKV projection are computed.
+    // attention reads the cache.
     for (const FillGroup& g : groups) {
       if (g.split >= l) {
         na += g.count;
         continue;
       }
-      const float* h_s = x + static_cast<size_t>(g.begin) * c.hidden;
-      const float* in = h_s;  // layer s + 1 sees the exact h_s
-      if (l >= g.split + 2) {
-        const RidgeFillLayerMap& map = g.maps->by_layer[l];
-        backend_.MatMul(h_s, g.count, c.hidden, map.weight.as<float>(), c.hidden,
-                        map.bias.as<float>(), proj);
-        in = proj;
-      }
-      backend_.RmsNorm(in, w.attn_norm.as<float>(), g.count, c.hidden, c.rms_eps, xn);
-      backend_.MatMul(xn, g.count, c.hidden,
-                      w.wqkv.as<float>() + static_cast<size_t>(q_dim) * c.hidden, 2 * kv_dim,
-                      w.bqkv.bytes() > 0 ? w.bqkv.as<float>() + q_dim : nullptr, qkv);
-      float* k = qkv;
-      float* v = qkv + kv_dim;
-      if (c.qk_norm) {
-        backend_.RmsNormHeads(k, 2 * kv_dim, g.count, c.num_kv_heads, c.head_dim,
-                              w.k_norm.as<float>(), c.rms_eps);
-      }
-      backend_.Rope(k, 2 * kv_dim, g.count, c.num_kv_heads, c.head_dim,
-                    positions_.as<int32_t>() + g.begin, inv_freq);
-      backend_.StoreKv(kv, k, v, 2 * kv_dim, g.count, slots_.as<int32_t>() + g.begin);
+      if (timed) fill_seconds[&g - groups.data()] -= Now();
+      WriteFilledKv(l, g, kv);
+      if (timed) fill_seconds[&g - groups.data()] += Now();
     }
     if (na == 0) continue;
     const AttentionRows rows{na, positions_.as<int32_t>(), seq_.as<int32_t>(),
@@ -270,6 +262,14 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     backend_.SwiGlu(gate_up_.as<float>(), na, c.ffn, act_.as<float>());
     backend_.MatMul(act_.as<float>(), na, c.ffn, w.w_down.as<float>(), c.hidden, nullptr, proj);
     backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
+    if (timed && l <= lowest_split) full_seconds += Now();
+  }
+  if (timed) {
+    profile->full_layer_row_seconds = full_seconds / (static_cast<double>(lowest_split + 1) * n);
+    profile->fills.clear();
+    for (size_t i = 0; i < groups.size(); ++i) {
+      profile->fills.push_back({groups[i].split, groups[i].count, fill_seconds[i]});
+    }
   }
   if (capture != nullptr) capture_at(c.num_layers);
 

@@ -16,6 +16,7 @@
 namespace ridgeserve {
 
 class RidgeFillMaps;  // engine/ridgefill/ridgefill_maps.h
+struct RidgeFillSplitMaps;
 
 // One forward step: rows from one or more sequences. Every row's K/V is written to its slot
 // before attention, so rows of the same sequence in one step see each other causally.
@@ -57,6 +58,24 @@ struct ForwardCapture {
   std::vector<std::vector<float>> states;
 };
 
+// What one Forward with filled rows measured, for RidgeFill's TTFT-saved estimate (DESIGN.md:
+// savings are measured, not assumed). The layers every row runs in full (0..lowest split) are
+// timed, giving the cost of one row through one full layer at this batch's positions; the
+// fill work above each split is timed separately.
+struct ForwardProfile {
+  struct Fill {
+    int32_t split_layer = 0;
+    int32_t rows = 0;
+    double seconds = 0;  // writing these rows' K/V in layers > split
+  };
+  double full_layer_row_seconds = 0;  // mean seconds of one row through one full layer
+  std::vector<Fill> fills;            // one per split present in the batch
+
+  // Estimated seconds saved per filled row of `split_layer`: the num_layers - 1 - split full
+  // layers it skipped, less its share of the measured fill work. 0 if the split is absent.
+  double SavedSecondsPerRow(int32_t split_layer, int32_t num_layers) const;
+};
+
 // Threading: one thread drives a LlamaModel (the engine thread).
 class LlamaModel {
  public:
@@ -76,10 +95,23 @@ class LlamaModel {
   // `capture`, also copies the residual stream at capture->depths (see ForwardCapture).
   // With filled rows (batch.fill_split): logit rows must be exact rows and capture is not
   // supported (InvalidArgument). Exact rows' results are bitwise those of the plain path.
+  // With `profile` and filled rows, layers are timed (the backend is synchronized per layer)
+  // and the profile is filled; without filled rows the profile is left empty.
   absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>& logits,
-                       ForwardCapture* capture = nullptr);
+                       ForwardCapture* capture = nullptr, ForwardProfile* profile = nullptr);
 
  private:
+  // Filled rows of one split layer, contiguous in the reordered batch.
+  struct FillGroup {
+    int32_t split = 0;
+    int32_t begin = 0;  // first row
+    int32_t count = 0;
+    const RidgeFillSplitMaps* maps = nullptr;
+  };
+  // Writes layer `layer`'s K/V for a group's filled rows (layer > g.split) into `kv`: from the
+  // exact h_s at layer s + 1, from the RidgeFill map's prediction above (llama_fill.cc).
+  void WriteFilledKv(int32_t layer, const FillGroup& g, const KvLayerView& kv);
+
   // Scratch for `rows` rows; grows on demand.
   void EnsureWorkspace(int32_t rows, int32_t num_seqs_x_blocks);
 

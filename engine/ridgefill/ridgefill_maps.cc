@@ -1,21 +1,62 @@
 #include "engine/ridgefill/ridgefill_maps.h"
 
+#include <cblas.h>
+
+#include <cmath>
+#include <span>
+#include <string>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/model/config.h"
+#include "engine/model/llama.h"
 #include "engine/ridgefill/map_file.h"
 
 namespace ridgeserve {
+namespace {
+
+DeviceBuffer Upload(Backend& backend, std::span<const float> host) {
+  DeviceBuffer buf = backend.Alloc(sizeof(float) * host.size());
+  if (buf.as<void>() != nullptr) {
+    backend.CopyToDevice(buf.as<void>(), host.data(), sizeof(float) * host.size());
+  }
+  return buf;
+}
+
+// Layer l's K/V projection on the host: rows [q_dim, q_dim + 2 kv_dim) of the fused QKV.
+struct KvRows {
+  std::vector<float> weight;  // [2 kv_dim, hidden]
+  std::vector<float> bias;    // [2 kv_dim] or empty
+  std::vector<float> k_norm;  // [head_dim] or empty
+};
+
+KvRows ReadKvRows(LlamaModel& model, int32_t layer) {
+  const ModelConfig& c = model.config();
+  const LayerWeights& w = model.weights().layers[layer];
+  Backend& backend = model.backend();
+  const int32_t kv2 = 2 * c.kv_dim();
+  KvRows r;
+  r.weight.resize(static_cast<size_t>(kv2) * c.hidden);
+  backend.CopyToHost(r.weight.data(),
+                     w.wqkv.as<float>() + static_cast<size_t>(c.q_dim()) * c.hidden,
+                     sizeof(float) * r.weight.size());
+  if (w.bqkv.bytes() > 0) {
+    r.bias.resize(kv2);
+    backend.CopyToHost(r.bias.data(), w.bqkv.as<float>() + c.q_dim(), sizeof(float) * kv2);
+  }
+  if (c.qk_norm) {
+    r.k_norm.resize(c.head_dim);
+    backend.CopyToHost(r.k_norm.data(), w.k_norm.as<float>(), sizeof(float) * c.head_dim);
+  }
+  return r;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet& maps,
-                                                                   const ModelConfig& config,
-                                                                   Backend& backend) {
-  if (maps.kind != MapTarget::kPreNorm) {
-    return absl::UnimplementedError(absl::StrCat("ridgefill: map target ",
-                                                 std::string(MapTargetName(maps.kind)),
-                                                 " is not supported by the forward pass "
-                                                 "(only pre_norm)"));
-  }
+                                                                   LlamaModel& model) {
+  const ModelConfig& config = model.config();
+  Backend& backend = model.backend();
   if (maps.model.num_layers != config.num_layers || maps.model.hidden != config.hidden ||
       maps.num_kv_heads != config.num_kv_heads || maps.head_dim != config.head_dim) {
     return absl::InvalidArgumentError(
@@ -24,7 +65,9 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
                      "; the model has ", config.num_layers, ", ", config.hidden, ", ",
                      config.num_kv_heads, " of ", config.head_dim));
   }
-  const int32_t hidden = config.hidden;
+  const int32_t hidden = config.hidden, kv_dim = config.kv_dim(), head_dim = config.head_dim;
+  const bool folded = maps.kind != MapTarget::kPreNorm;
+  const int32_t out_dim = maps.kind == MapTarget::kKv ? 2 * kv_dim : hidden;
   auto result = std::unique_ptr<RidgeFillMaps>(new RidgeFillMaps());
   for (const SplitMaps& split : maps.splits) {
     const int32_t s = split.split_layer;
@@ -34,6 +77,7 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
     }
     RidgeFillSplitMaps out;
     out.split_layer = s;
+    out.folded = folded;
     out.by_layer.resize(config.num_layers);
     std::vector<bool> seen(config.num_layers, false);
     for (const TargetMap& t : split.targets) {
@@ -41,22 +85,87 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
         return absl::InvalidArgumentError(
             absl::StrCat("ridgefill: split ", s, ": bad target layer ", t.layer));
       }
-      if (t.out_dim != hidden || t.weight.size() != static_cast<size_t>(hidden) * hidden ||
-          t.bias.size() != static_cast<size_t>(hidden)) {
-        return absl::InvalidArgumentError(absl::StrCat("ridgefill: split ", s, " layer ", t.layer,
-                                                       ": map is not [", hidden, ", ", hidden,
+      const std::string where = absl::StrCat("ridgefill: split ", s, " layer ", t.layer, ": ");
+      if (t.out_dim != out_dim || t.weight.size() != static_cast<size_t>(out_dim) * hidden ||
+          t.bias.size() != static_cast<size_t>(out_dim)) {
+        return absl::InvalidArgumentError(absl::StrCat(where, std::string(MapTargetName(maps.kind)),
+                                                       " map is not [", out_dim, ", ", hidden,
                                                        "] + bias"));
+      }
+      if (!t.key_scale.empty()) {
+        if (t.key_scale.size() != static_cast<size_t>(config.num_kv_heads)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              where, t.key_scale.size(), " key scales for ", config.num_kv_heads, " KV heads"));
+        }
+        for (float g : t.key_scale) {
+          if (!std::isfinite(g) || !(g > 0)) {
+            return absl::InvalidArgumentError(absl::StrCat(where, "key scale ", g, " not > 0"));
+          }
+        }
       }
       seen[t.layer] = true;
       RidgeFillLayerMap& m = out.by_layer[t.layer];
       m.layer = t.layer;
-      m.weight = backend.Alloc(sizeof(float) * t.weight.size());
-      m.bias = backend.Alloc(sizeof(float) * t.bias.size());
-      if (m.weight.as<void>() == nullptr || m.bias.as<void>() == nullptr) {
-        return absl::ResourceExhaustedError("ridgefill: cannot allocate map buffers");
+      const bool scale_k = !t.key_scale.empty();
+      KvRows kv;
+      if (folded || scale_k) kv = ReadKvRows(model, t.layer);
+      // Host K/V weights A [2 kv_dim, hidden] and bias a [2 kv_dim] (empty = none).
+      std::vector<float> a, a_bias;
+      if (maps.kind == MapTarget::kKv) {
+        a.assign(t.weight.begin(), t.weight.end());
+        a_bias.assign(t.bias.begin(), t.bias.end());
+      } else if (maps.kind == MapTarget::kPostNorm) {
+        // A = P W, a = P b + c.
+        a.resize(static_cast<size_t>(2) * kv_dim * hidden);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 2 * kv_dim, hidden, hidden, 1.0f,
+                    kv.weight.data(), hidden, t.weight.data(), hidden, 0.0f, a.data(), hidden);
+        a_bias = kv.bias.empty() ? std::vector<float>(2 * kv_dim, 0.0f) : kv.bias;
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, 2 * kv_dim, hidden, 1.0f, kv.weight.data(), hidden,
+                    t.bias.data(), 1, 1.0f, a_bias.data(), 1);
+      } else {
+        m.weight = Upload(backend, t.weight);
+        m.bias = Upload(backend, t.bias);
+        if (m.weight.as<void>() == nullptr || m.bias.as<void>() == nullptr) {
+          return absl::ResourceExhaustedError("ridgefill: cannot allocate map buffers");
+        }
+        if (scale_k && !config.qk_norm) {
+          a = kv.weight;
+          a_bias = kv.bias;
+        }
       }
-      backend.CopyToDevice(m.weight.as<void>(), t.weight.data(), sizeof(float) * t.weight.size());
-      backend.CopyToDevice(m.bias.as<void>(), t.bias.data(), sizeof(float) * t.bias.size());
+      if (scale_k && config.qk_norm) {
+        // γ_h goes after k_norm, which would undo a scale folded into the projection.
+        std::vector<float> k_norm(static_cast<size_t>(config.num_kv_heads) * head_dim);
+        for (int32_t h = 0; h < config.num_kv_heads; ++h) {
+          for (int32_t j = 0; j < head_dim; ++j) {
+            k_norm[h * head_dim + j] = kv.k_norm[j] * t.key_scale[h];
+          }
+        }
+        m.k_norm_scaled = Upload(backend, k_norm);
+        if (m.k_norm_scaled.as<void>() == nullptr) {
+          return absl::ResourceExhaustedError("ridgefill: cannot allocate map buffers");
+        }
+      } else if (scale_k) {
+        for (int32_t h = 0; h < config.num_kv_heads; ++h) {
+          for (int32_t j = h * head_dim; j < (h + 1) * head_dim; ++j) {
+            for (int32_t i = 0; i < hidden; ++i)
+              a[static_cast<size_t>(j) * hidden + i] *= t.key_scale[h];
+            if (!a_bias.empty()) a_bias[j] *= t.key_scale[h];
+          }
+        }
+      }
+      if (!a.empty()) {
+        m.kv_weight = Upload(backend, a);
+        if (m.kv_weight.as<void>() == nullptr) {
+          return absl::ResourceExhaustedError("ridgefill: cannot allocate map buffers");
+        }
+        if (!a_bias.empty()) {
+          m.kv_bias = Upload(backend, a_bias);
+          if (m.kv_bias.as<void>() == nullptr) {
+            return absl::ResourceExhaustedError("ridgefill: cannot allocate map buffers");
+          }
+        }
+      }
     }
     // The fill path predicts the input of every layer after s + 1; a gap has no fallback.
     for (int32_t l = s + 2; l < config.num_layers; ++l) {

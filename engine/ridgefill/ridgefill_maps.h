@@ -1,6 +1,23 @@
-// RidgeFill maps on a backend: for each split layer s of a map file, the pre_norm maps
-// ĥ_l = W_l h_s + b_l of every later layer l in [s + 2, L), uploaded once for LlamaModel's
-// fill path (DESIGN.md, "RidgeFill — our definition").
+// RidgeFill maps on a backend: for each split layer s of a map file, what the fill path needs
+// to write the K/V of a filled row in every later layer l in [s + 2, L) from its h_s
+// (DESIGN.md, "RidgeFill — our definition"), uploaded once for LlamaModel's fill path.
+//
+// Per target kind (MapFile's --map_target):
+//   pre_norm   ĥ_l = W_l h_s + b_l [hidden]; the layer's input RMSNorm and K/V projection
+//              rows then give K (before RoPE) and V, as for an exact row.
+//   post_norm  x̂_l = W_l h_s + b_l predicts the normalized input, so K/V = P_l x̂_l + c_l with
+//              P_l the layer's K/V projection rows [2 kv_dim, hidden] and c_l their bias. Folded
+//              at load: A_l = P_l W_l [2 kv_dim, hidden], a_l = P_l b_l + c_l.
+//   kv         K (before RoPE, before QK-norm) and V regressed on h_s directly: A_l = W_l,
+//              a_l = b_l.
+// So both folded kinds cost one [rows, hidden] x [hidden, 2 kv_dim] GEMM per layer. QK-norm
+// (Qwen3): k_norm is applied to the folded prediction, as to an exact row's projection; the
+// kv target therefore predicts the projection output before k_norm, which renormalizes it per
+// head (as the pre_norm target's RMSNorm undoes ridge shrinkage of ĥ's scale).
+//
+// Key scale (per layer, per KV head, optional in the file): multiplies the predicted K of
+// head h (after QK-norm, before RoPE) by γ_h. Folded into the K rows of the per-layer K/V
+// weights where it can be (no QK-norm); with QK-norm, into a per-head copy of k_norm.
 //
 // Dependency note: LlamaModel (rs_model) uses this type through its header only (struct
 // members, inline lookups); Load lives in rs_ridgefill_maps, which links rs_model and
@@ -18,33 +35,40 @@
 namespace ridgeserve {
 
 struct MapSet;
-struct ModelConfig;
+class LlamaModel;
 
-// One target layer's map on the backend.
+// One target layer's map on the backend. MatMul's w layout throughout ([out, in] row-major).
 struct RidgeFillLayerMap {
   int32_t layer = 0;
-  DeviceBuffer weight;  // [hidden, hidden] row-major (MatMul's w layout): ĥ = W h_s + b
-  DeviceBuffer bias;    // [hidden]
+  // pre_norm only: ĥ = W h_s + b, [hidden, hidden] and [hidden]. Empty for folded kinds.
+  DeviceBuffer weight;
+  DeviceBuffer bias;
+  // K/V rows [2 kv_dim, in] and bias [2 kv_dim]: folded kinds, in = hidden applied to h_s;
+  // pre_norm with a key scale and no QK-norm, the layer's own K/V rows with the scale folded
+  // in, applied to the normalized ĥ. Empty for pre_norm otherwise (the model's rows are used).
+  DeviceBuffer kv_weight;
+  DeviceBuffer kv_bias;  // empty when there is no bias at all
+  // QK-norm models with a key scale: [num_kv_heads, head_dim], head h's k_norm times γ_h.
+  DeviceBuffer k_norm_scaled;
 };
 
 struct RidgeFillSplitMaps {
   int32_t split_layer = 0;
+  bool folded = false;  // post_norm or kv: K/V come from kv_weight applied to h_s
   // by_layer[l] for l in [s + 2, num_layers); entries below s + 2 are empty.
   std::vector<RidgeFillLayerMap> by_layer;
 };
 
-// Immutable after Load; the buffers belong to the backend it was loaded on, so use it only
-// with models on that backend. Read by the engine thread during Forward.
+// Immutable after Load; the buffers belong to the model's backend, so use it only with models
+// on that backend. Read by the engine thread during Forward.
 class RidgeFillMaps {
  public:
-  // Uploads every split of `maps`. Checks them against `config`: target kind pre_norm (the
-  // other kinds are not implemented in the forward pass: Unimplemented), num_layers, hidden,
-  // num_kv_heads and head_dim equal, and every layer in [s + 2, L) has a map
+  // Uploads (and for post_norm/kv folds) every split of `maps` for `model`. Checks them
+  // against the model's config: num_layers, hidden, num_kv_heads and head_dim equal, every
+  // layer in [s + 2, L) has a map of the kind's shape, key scales finite and > 0
   // (InvalidArgument naming the split and layer otherwise). The model fingerprint is the
   // MapFile::Open caller's job.
-  static absl::StatusOr<std::unique_ptr<RidgeFillMaps>> Load(const MapSet& maps,
-                                                             const ModelConfig& config,
-                                                             Backend& backend);
+  static absl::StatusOr<std::unique_ptr<RidgeFillMaps>> Load(const MapSet& maps, LlamaModel& model);
 
   // nullptr when there are no maps for split layer `s`.
   const RidgeFillSplitMaps* FindSplit(int32_t split_layer) const {

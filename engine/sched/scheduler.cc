@@ -56,10 +56,21 @@ struct Scheduler::Impl {
     return std::span<const int32_t>(e.req->tokens)
         .subspan(static_cast<size_t>(k) * config.block_size, config.block_size);
   }
+  // The seed of block k's hash: its parent's hash, mixed with which of its rows are filled
+  // when the request fills any.
+  uint64_t BlockSeed(const Entry& e, int32_t k) const {
+    const uint64_t parent = ParentHash(e, k);
+    const std::vector<uint8_t>& filled = e.req->filled_rows;
+    const size_t begin = static_cast<size_t>(k) * config.block_size;
+    if (begin >= filled.size()) return parent;
+    const size_t end = std::min(filled.size(), begin + config.block_size);
+    const std::vector<int32_t> rows(filled.begin() + begin, filled.begin() + end);
+    return HashBlockTokens(parent, rows);
+  }
   // Makes block_hashes cover the first `num_blocks` full blocks (all tokens must be known).
   void EnsureHashes(Entry& e, int32_t num_blocks) {
     for (int32_t k = static_cast<int32_t>(e.block_hashes.size()); k < num_blocks; ++k) {
-      e.block_hashes.push_back(HashBlockTokens(ParentHash(e, k), BlockTokens(e, k)));
+      e.block_hashes.push_back(HashBlockTokens(BlockSeed(e, k), BlockTokens(e, k)));
     }
   }
 

@@ -65,6 +65,10 @@ struct SchedRequest {
   // Prefix-cache namespace: requests with different salts never share KV blocks. Set it for
   // anything that writes different K/V for the same tokens (approximate prefill modes).
   uint64_t cache_salt = 0;
+  // Approximate prefill: per prompt position, 1 when the row's K/V are approximate (RidgeFill
+  // filled rows). Hashed into each block's prefix-cache key, so blocks are shared only between
+  // requests that filled the same rows. Empty: every row exact.
+  std::vector<uint8_t> filled_rows;
   // Tokens whose K/V are in the cache (computed or taken from the prefix cache).
   int32_t num_computed_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;  // of the prompt, taken from the prefix cache

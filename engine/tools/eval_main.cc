@@ -14,6 +14,13 @@
 //   distant-loss  --model M --maps F --text FILE [--prompt_tokens 4096] [--exact_tail_tokens T]
 //                 [--split_layer S] [--windows N] [--distant_threshold_nats D]
 //                 tail-token NLL, exact vs RidgeFill, all and distant-dependent tokens
+//   splice        --model M --maps F --text FILE [--split_layer S] [--prompt_tokens N]
+//                 [--exact_tail_tokens T] [--windows K] [--per_layer]
+//                 distant-loss's NLLs with the filled rows' predicted K, V, both or only the
+//                 key norms replaced by exact ones: which part of the fill carries the gap
+//   pareto        --model M --maps F --text FILE --haystack FILE --lengths 8192
+//                 --tails 512,1024,2048 [--trials N] [--depths ...] [--repetitions R]
+//                 ttft, needle and distant-loss per (split, tail), Pareto-optimal points marked
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -77,6 +84,8 @@ ABSL_FLAG(int32_t, windows, 1, "distant-loss: consecutive windows of --text to a
 ABSL_FLAG(double, distant_threshold_nats, 1.0,
           "distant-loss: a tail token is distant-dependent when its NLL with the full context "
           "is lower than with the tail alone by more than this");
+ABSL_FLAG(bool, per_layer, false, "splice: also splice exact K and V into one layer at a time");
+ABSL_FLAG(std::string, tails, "512,1024,2048", "pareto: exact tail lengths to evaluate");
 
 namespace ridgeserve {
 namespace {
@@ -259,77 +268,26 @@ class Eval {
   }
 
   absl::StatusOr<Json> Ttft() {
-    const ModelConfig& c = model_->config;
-    RS_ASSIGN_OR_RETURN(std::vector<int32_t> lengths,
-                        ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
-    RS_ASSIGN_OR_RETURN(std::vector<int32_t> splits, LoadMaps());
-    const int32_t tail = absl::GetFlag(FLAGS_exact_tail_tokens);
-    const int32_t reps = absl::GetFlag(FLAGS_repetitions);
-    const int32_t chunk = absl::GetFlag(FLAGS_chunk);
-    if (tail < 1 || reps < 1 || chunk < 1) {
-      return absl::InvalidArgumentError(
-          "need --exact_tail_tokens >= 1, --repetitions >= 1, --chunk >= 1");
-    }
-    // Prompt: the text's tokens (repeated if short), else bench-prefill's pseudo-random ones.
-    std::vector<int32_t> source_tokens;
+    TtftOptions o;
+    RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    RS_ASSIGN_OR_RETURN(o, TtftFlags(std::move(o)));
+    RS_ASSIGN_OR_RETURN(o.prompt_tokens, ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
+    o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
+    RS_ASSIGN_OR_RETURN(Json out, RunTtft(*model_, o));
+    model_->llama->SetRidgeFillMaps(nullptr);
+    return out;
+  }
+
+  // ttft's prompt (--text's tokens, repeated if short; else pseudo-random), repetitions, chunk.
+  absl::StatusOr<TtftOptions> TtftFlags(TtftOptions o) {
     if (!absl::GetFlag(FLAGS_text).empty()) {
       RS_ASSIGN_OR_RETURN(std::string text, ReadFile(absl::GetFlag(FLAGS_text)));
-      source_tokens = model_->tokenizer->Encode(text, /*add_bos=*/true, /*parse_special=*/false);
-      if (source_tokens.empty()) return absl::InvalidArgumentError("--text has no tokens");
+      o.prompt_source = model_->tokenizer->Encode(text, /*add_bos=*/true, /*parse_special=*/false);
+      if (o.prompt_source.empty()) return absl::InvalidArgumentError("--text has no tokens");
     }
-    Json results = Json::array();
-    for (int32_t length : lengths) {
-      if (length <= 0 || length > c.context_length) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--lengths: ", length, " is outside 1..", c.context_length));
-      }
-      std::vector<int32_t> tokens(length);
-      if (source_tokens.empty()) {
-        std::mt19937 rng(1234);
-        std::uniform_int_distribution<int32_t> pick(256, c.vocab_size - 1);
-        for (int32_t& t : tokens) t = pick(rng);
-      } else {
-        for (int32_t i = 0; i < length; ++i) tokens[i] = source_tokens[i % source_tokens.size()];
-      }
-      SequenceRunner runner(*model_->llama, length);
-      std::vector<float> logits;
-      auto time_prefill = [&](const RidgeFillRun* fill) -> absl::StatusOr<double> {
-        runner.Reset();
-        const auto start = Clock::now();
-        RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, logits, fill));
-        return SecondsSince(start);
-      };
-      for (int32_t split : splits) {
-        RidgeFillRun fill;
-        fill.split_layer = split;
-        fill.filled_tokens = std::max(0, length - tail);
-        double exact = std::numeric_limits<double>::infinity();
-        double ridgefill = std::numeric_limits<double>::infinity();
-        for (int32_t r = 0; r < reps; ++r) {  // alternated, so drift hits both modes alike
-          RS_ASSIGN_OR_RETURN(double e, time_prefill(nullptr));
-          RS_ASSIGN_OR_RETURN(double f, time_prefill(&fill));
-          exact = std::min(exact, e);
-          ridgefill = std::min(ridgefill, f);
-        }
-        spdlog::info("ttft: {} tokens, split {}, tail {}: exact {:.3f} s, ridgefill {:.3f} s",
-                     length, split, tail, exact, ridgefill);
-        // estimated_saved_seconds: the engine's in-pass estimate (DESIGN.md) is not
-        // implemented here, so it is null; exact_seconds - ridgefill_seconds is measured.
-        results.push_back({{"prompt_tokens", length},
-                           {"split_layer", split},
-                           {"exact_tail_tokens", tail},
-                           {"filled_tokens", fill.filled_tokens},
-                           {"exact_seconds", exact},
-                           {"ridgefill_seconds", ridgefill},
-                           {"speedup", exact / ridgefill},
-                           {"estimated_saved_seconds", nullptr}});
-      }
-    }
-    model_->llama->SetRidgeFillMaps(nullptr);
-    return Json{{"results", results},
-                {"chunk", chunk},
-                {"repetitions", reps},
-                {"prompt", absl::GetFlag(FLAGS_text).empty() ? "random" : "text"}};
+    o.repetitions = absl::GetFlag(FLAGS_repetitions);
+    o.chunk = absl::GetFlag(FLAGS_chunk);
+    return o;
   }
 
   // Loads --maps onto the model and returns the splits to evaluate: --split_layer when given,
@@ -352,7 +310,7 @@ class Eval {
     expected.num_kv_heads = c.num_kv_heads;
     expected.head_dim = c.head_dim;
     RS_ASSIGN_OR_RETURN(map_file_, MapFile::Open(maps_path, expected));
-    RS_ASSIGN_OR_RETURN(maps_, RidgeFillMaps::Load(map_file_->maps(), c, *backend_));
+    RS_ASSIGN_OR_RETURN(maps_, RidgeFillMaps::Load(map_file_->maps(), *model_->llama));
     model_->llama->SetRidgeFillMaps(maps_.get());
     std::vector<int32_t> splits = maps_->split_layers();
     if (const int32_t s = absl::GetFlag(FLAGS_split_layer); s >= 0) {
@@ -368,11 +326,18 @@ class Eval {
   absl::StatusOr<Json> Needle() {
     NeedleOptions o;
     RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    RS_ASSIGN_OR_RETURN(o, NeedleFlags(std::move(o)));
+    RS_ASSIGN_OR_RETURN(o.lengths, ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
+    o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
+    return RunNeedle(*model_, o);
+  }
+
+  // needle's haystack, depths, trials, chunk and seed.
+  absl::StatusOr<NeedleOptions> NeedleFlags(NeedleOptions o) {
     if (absl::GetFlag(FLAGS_haystack).empty()) {
       return absl::InvalidArgumentError("--haystack is required");
     }
     RS_ASSIGN_OR_RETURN(o.haystack_text, ReadFile(absl::GetFlag(FLAGS_haystack)));
-    RS_ASSIGN_OR_RETURN(o.lengths, ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
     for (absl::string_view d : absl::StrSplit(absl::GetFlag(FLAGS_depths), ',')) {
       double depth = 0;
       if (!absl::SimpleAtod(d, &depth)) {
@@ -381,22 +346,46 @@ class Eval {
       o.depths.push_back(depth);
     }
     o.trials = absl::GetFlag(FLAGS_trials);
-    o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
     o.chunk = absl::GetFlag(FLAGS_chunk);
     o.seed = absl::GetFlag(FLAGS_seed);
-    return RunNeedle(*model_, o);
+    return o;
   }
 
-  absl::StatusOr<Json> DistantLoss() {
-    DistantLossOptions o;
-    RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+  // distant-loss's text, prompt length, tail, windows, threshold and chunk.
+  absl::StatusOr<DistantLossOptions> DistantLossFlags(DistantLossOptions o) {
     RS_ASSIGN_OR_RETURN(o.text, ReadFile(absl::GetFlag(FLAGS_text)));
     o.prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
     o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
     o.windows = absl::GetFlag(FLAGS_windows);
     o.distant_threshold_nats = absl::GetFlag(FLAGS_distant_threshold_nats);
     o.chunk = absl::GetFlag(FLAGS_chunk);
+    return o;
+  }
+
+  absl::StatusOr<Json> DistantLoss() {
+    DistantLossOptions o;
+    RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    RS_ASSIGN_OR_RETURN(o, DistantLossFlags(std::move(o)));
     return RunDistantLoss(*model_, o);
+  }
+
+  absl::StatusOr<Json> Splice() {
+    SpliceOptions o;
+    RS_ASSIGN_OR_RETURN(o.window.splits, LoadMaps());
+    RS_ASSIGN_OR_RETURN(o.window, DistantLossFlags(std::move(o.window)));
+    o.per_layer = absl::GetFlag(FLAGS_per_layer);
+    return RunSplice(*model_, o);
+  }
+
+  absl::StatusOr<Json> Pareto() {
+    ParetoOptions o;
+    RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    RS_ASSIGN_OR_RETURN(o.prompt_tokens, ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
+    RS_ASSIGN_OR_RETURN(o.tails, ParseIntList("tails", absl::GetFlag(FLAGS_tails)));
+    RS_ASSIGN_OR_RETURN(o.ttft, TtftFlags(TtftOptions{}));
+    RS_ASSIGN_OR_RETURN(o.needle, NeedleFlags(NeedleOptions{}));
+    RS_ASSIGN_OR_RETURN(o.distant, DistantLossFlags(DistantLossOptions{}));
+    return RunPareto(*model_, o);
   }
 
  private:
@@ -410,7 +399,7 @@ absl::StatusOr<Json> Run(const std::string& command) {
   Eval eval;
   if (command != "perplexity" && command != "generate" && command != "bench-prefill" &&
       command != "logits" && command != "ttft" && command != "needle" &&
-      command != "distant-loss") {
+      command != "distant-loss" && command != "splice" && command != "pareto") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
   }
   RS_RETURN_IF_ERROR(eval.Init());
@@ -420,6 +409,8 @@ absl::StatusOr<Json> Run(const std::string& command) {
   if (command == "ttft") return eval.Ttft();
   if (command == "needle") return eval.Needle();
   if (command == "distant-loss") return eval.DistantLoss();
+  if (command == "splice") return eval.Splice();
+  if (command == "pareto") return eval.Pareto();
   return eval.Logits();
 }
 
@@ -428,7 +419,8 @@ absl::StatusOr<Json> Run(const std::string& command) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "ridgeserve-eval <perplexity|generate|bench-prefill|logits|ttft|needle|distant-loss> "
+      "ridgeserve-eval "
+      "<perplexity|generate|bench-prefill|logits|ttft|needle|distant-loss|splice|pareto> "
       "--model M [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("eval"));

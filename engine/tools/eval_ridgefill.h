@@ -1,7 +1,9 @@
-// RidgeFill quality evaluations for ridgeserve-eval: `needle` (passkey retrieval from the
-// filled region) and `distant-loss` (next-token NLL of exact tail tokens, overall and on the
-// tokens that need the distant context). Both compare an exact prefill with a RidgeFill one
-// of the same prompt and print one JSON object.
+// RidgeFill evaluations for ridgeserve-eval: `ttft` (prefill time, exact vs RidgeFill),
+// `needle` (passkey retrieval from the filled region), `distant-loss` (next-token NLL of exact
+// tail tokens, overall and on the tokens that need the distant context), `splice` (which part
+// of the filled K/V carries the NLL gap) and `pareto` (ttft, needle and distant-loss per split
+// and tail, with the Pareto-optimal points marked). Each compares an exact prefill with a
+// RidgeFill one of the same prompt and returns one JSON object.
 //
 // Threading: single-threaded; the model (and the maps set on it) is used exclusively by the
 // caller's thread for the duration of a call.
@@ -17,6 +19,22 @@
 #include "nlohmann/json.hpp"
 
 namespace ridgeserve {
+
+struct TtftOptions {
+  std::vector<int32_t> prompt_tokens;  // tokens of prompt_source, repeated when short
+  std::vector<int32_t> prompt_source;  // empty = fixed pseudo-random tokens
+  int32_t exact_tail_tokens = 1024;
+  std::vector<int32_t> splits;
+  int32_t repetitions = 2;
+  int32_t chunk = 512;
+};
+
+// Prefill time to the first token's logits, exact and RidgeFill alternated in one process
+// (so drift hits both alike), the minimum of `repetitions` runs each. Needs maps as for
+// RunNeedle. {"results": [{"prompt_tokens", "split_layer", "exact_tail_tokens",
+// "filled_tokens", "exact_seconds", "ridgefill_seconds", "speedup", "measured_saved_seconds",
+// "estimated_saved_seconds" (the engine's in-pass estimate of the fastest RidgeFill run)}]}.
+absl::StatusOr<nlohmann::json> RunTtft(Model& model, const TtftOptions& options);
 
 struct NeedleOptions {
   std::string haystack_text;     // filler text (repeated when short)
@@ -57,6 +75,54 @@ struct DistantLossOptions {
 //   "tail_only_nll"}, "distant_tokens": {"count", "exact_nll", "ridgefill_nll",
 //   "relative_increase"}}], ...}; with one split its fields are also at the top level.
 absl::StatusOr<nlohmann::json> RunDistantLoss(Model& model, const DistantLossOptions& options);
+
+struct SpliceOptions {
+  DistantLossOptions window;  // text, prompt_tokens, exact_tail_tokens, splits, windows, ...
+  bool per_layer = false;     // also splice exact K and V into one layer at a time
+};
+
+// Where RidgeFill's NLL gap comes from. Per window and split s: the prefix rows [0, f) are
+// prefilled exactly (runner A) and with RidgeFill, every row but the sinks filled (runner B).
+// Layers 0..s + 1 of the filled rows are exact in both; in layers s + 2.. B's predicted K/V are
+// then replaced by A's: K only, V only, both (must reproduce exact), or only the key norms
+// (each predicted key head-vector rescaled to the exact one's norm; RoPE preserves norms).
+// The tail is then run exactly and scored as in RunDistantLoss (all and distant-dependent
+// tokens). {"exact": {...}, "splits": [{"split_layer", "variants": {"ridgefill", "exact_k",
+// "exact_v", "exact_kv", "exact_key_norm"}: {"all_nll", "distant_nll", "all_gap_closed",
+// "distant_gap_closed"}, "per_layer": [...]}], ...}; gap_closed = (ridgefill - variant) /
+// (ridgefill - exact).
+absl::StatusOr<nlohmann::json> RunSplice(Model& model, const SpliceOptions& options);
+
+struct ParetoOptions {
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> tails;  // exact_tail_tokens values
+  std::vector<int32_t> splits;
+  TtftOptions ttft;            // prompt_source, repetitions, chunk (lengths, tail, splits set)
+  NeedleOptions needle;        // haystack_text, depths, trials, seed, chunk
+  DistantLossOptions distant;  // text, windows, distant_threshold_nats, chunk
+};
+
+// One operating point (split, tail) at one prompt length: larger speedup, smaller needle
+// accuracy drop (exact - RidgeFill) and smaller distant-token NLL increase (relative to exact)
+// are better.
+struct ParetoPoint {
+  double speedup = 0;
+  double needle_drop = 0;
+  double distant_nll_increase = 0;
+  bool pareto_optimal = false;
+};
+
+// Marks the points no other point dominates (at least as good in all three, better in one).
+void MarkPareto(std::vector<ParetoPoint>& points);
+
+// RunTtft, RunNeedle and RunDistantLoss for every (prompt length, tail), all splits at once;
+// one point per (prompt length, split, tail), Pareto marked per prompt length.
+// {"points": [{"prompt_tokens", "split_layer", "exact_tail_tokens", "speedup",
+//   "exact_seconds", "ridgefill_seconds", "measured_saved_seconds", "estimated_saved_seconds",
+//   "needle_exact_accuracy", "needle_ridgefill_accuracy", "distant_exact_nll",
+//   "distant_ridgefill_nll", "distant_nll_increase", "all_exact_nll", "all_ridgefill_nll",
+//   "meets_target", "pareto_optimal"}], "target": {...}}.
+absl::StatusOr<nlohmann::json> RunPareto(Model& model, const ParetoOptions& options);
 
 }  // namespace ridgeserve
 

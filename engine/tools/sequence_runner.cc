@@ -1,6 +1,7 @@
 #include "engine/tools/sequence_runner.h"
 
 #include <algorithm>
+#include <cassert>
 
 #include "engine/common/status_macros.h"
 
@@ -29,6 +30,7 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
   RS_RETURN_IF_ERROR(
       table_.Reserve(cache_.pool(), length_ + static_cast<int32_t>(tokens.size()), block_size));
   logits.clear();
+  estimated_saved_seconds_ = 0;
   for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
     const size_t count = std::min<size_t>(chunk, tokens.size() - begin);
     ForwardBatch batch;
@@ -45,7 +47,15 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
       }
     }
     if (all_logits) batch.RequestAllLogits();
-    RS_RETURN_IF_ERROR(model_.Forward(batch, cache_, chunk_logits_));
+    ForwardProfile profile;
+    RS_RETURN_IF_ERROR(model_.Forward(batch, cache_, chunk_logits_, nullptr,
+                                      fill != nullptr ? &profile : nullptr));
+    if (fill != nullptr) {
+      const auto filled = std::count_if(batch.fill_split.begin(), batch.fill_split.end(),
+                                        [](int32_t s) { return s >= 0; });
+      estimated_saved_seconds_ +=
+          filled * profile.SavedSecondsPerRow(fill->split_layer, model_.config().num_layers);
+    }
     length_ += static_cast<int32_t>(count);
     if (all_logits) {
       logits.insert(logits.end(), chunk_logits_.begin(), chunk_logits_.end());
@@ -54,6 +64,11 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
     }
   }
   return absl::OkStatus();
+}
+
+void SequenceRunner::Truncate(int32_t length) {
+  assert(length >= 0 && length <= length_);
+  length_ = length;
 }
 
 void SequenceRunner::Reset() {

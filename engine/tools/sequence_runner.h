@@ -36,15 +36,24 @@ class SequenceRunner {
   // The cache (tests read K/V; the sequence's slots follow block_table()).
   const PagedKvCache& cache() const { return cache_; }
   const BlockTable& block_table() const { return table_; }
+  // The cache for writing (eval's splice test overwrites filled rows' K/V between Appends).
+  PagedKvCache& mutable_cache() { return cache_; }
   // Forgets the sequence (blocks go back to the pool).
   void Reset();
+  // Forgets the tokens at positions >= `length` (<= length()): their blocks stay reserved and
+  // the next Append overwrites their K/V.
+  void Truncate(int32_t length);
   int32_t length() const { return length_; }
+  // RidgeFill: the last Append's estimated seconds saved by its filled rows, from the layer
+  // timings of its own forward passes (ForwardProfile); 0 without fill.
+  double estimated_saved_seconds() const { return estimated_saved_seconds_; }
 
  private:
   LlamaModel& model_;
   PagedKvCache cache_;
   BlockTable table_;
   int32_t length_ = 0;
+  double estimated_saved_seconds_ = 0;
   std::vector<float> chunk_logits_;
 };
 

@@ -108,7 +108,8 @@ def parse_map_file(path):
             layer, out_dim, lam, r2, kc, vc, knr, ac = take("IIffffff")
             w, b, ks = array(), array(), array()
             targets.append({"layer": layer, "lambda": lam, "r2": r2, "k_cos": kc, "v_cos": vc,
-                            "W": w.reshape(out_dim, hidden), "b": b})
+                            "key_norm_ratio": knr, "attn_cos": ac,
+                            "W": w.reshape(out_dim, hidden), "b": b, "key_scale": ks})
         m["splits"].append({"split": split, "targets": targets, "leverage_inverse": lev_inv})
     return m
 
@@ -146,7 +147,7 @@ def check_tiny(tmp):
     out = os.path.join(tmp, "tiny.rfmap")
     proc = run([CALIBRATE, "--model", written.hf_dir, "--text", text_path, "--split_layers", "0",
                 "--window", str(window), "--sink_tokens", str(sink), "--max_tokens",
-                str(max_tokens), "--lambda", repr(float(lam)), "--chunk", "50",
+                str(max_tokens), "--lambda", repr(float(lam)), "--chunk", "50", "--attn_window=false",
                 "--holdout_every", str(every), "--max_holdout_rows", "100000", "--out", out])
     expect(proc.returncode == 0, f"calibrate tiny exits 0 ({proc.stderr.strip()[-500:]})")
     if proc.returncode != 0:
@@ -200,13 +201,13 @@ def check_default(tmp, other_model):
         expect([l["layer"] for l in layers] == list(range(s + 2, 30)),
                f"split {s}: targets {s + 2}..29")
         print(f"  split {s} ({split['train_rows']} train, {split['holdout_rows']} held-out rows)")
-        print("    layer      R2   K cos   V cos  |K^|/|K|   lambda")
+        print("    layer      R2   K cos   V cos  |K^|/|K|  attn cos   lambda")
         for l in layers:
             print(f"    {l['layer']:5d}  {l['r2']:.4f}  {l['k_cos']:.4f}  {l['v_cos']:.4f}"
-                  f"  {l['key_norm_ratio']:8.4f}  {l['lambda']:.3g}")
+                  f"  {l['key_norm_ratio']:8.4f}  {l['attn_cos']:8.4f}  {l['lambda']:.3g}")
         finite = all(
             isinstance(l[k], float) and math.isfinite(l[k])
-            for l in layers for k in ("r2", "k_cos", "v_cos", "key_norm_ratio", "lambda"))
+            for l in layers for k in ("r2", "k_cos", "v_cos", "key_norm_ratio", "attn_cos", "lambda"))
         expect(finite, f"split {s}: every reported value finite")
         if not finite:
             continue

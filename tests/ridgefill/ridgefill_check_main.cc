@@ -10,6 +10,9 @@
 //   kv_s1_max_abs      max |K/V| difference at layer s + 1 between the exact and the RidgeFill
 //                      run over the filled rows (both computed from the exact h_s)
 //   kv_s2_max_abs      the same at layer s + 2 (predicted: must differ)
+// With --dump_kv also: tokens (the prompt ids) and kv_fill, the RidgeFill run's cached K|V rows
+// [filled rows, 2 kv_dim] (K after RoPE) of layer s + 2 for positions 4.., so a reference can
+// recompute them from the map.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -39,6 +42,7 @@ ABSL_FLAG(int32_t, split, 14, "split layer");
 ABSL_FLAG(int32_t, tail, 256, "exact tail tokens");
 ABSL_FLAG(int32_t, chunk, 512, "prefill chunk");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads");
+ABSL_FLAG(bool, dump_kv, false, "add tokens and layer s + 2's filled K/V rows to the JSON");
 
 namespace ridgeserve {
 namespace {
@@ -96,7 +100,7 @@ absl::StatusOr<Json> Run() {
   RS_ASSIGN_OR_RETURN(std::unique_ptr<MapFile> file,
                       MapFile::OpenUnchecked(absl::GetFlag(FLAGS_maps)));
   RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMaps> maps,
-                      RidgeFillMaps::Load(file->maps(), c, *backend));
+                      RidgeFillMaps::Load(file->maps(), *model->llama));
   std::ifstream in(absl::GetFlag(FLAGS_text), std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
@@ -134,7 +138,12 @@ absl::StatusOr<Json> Run() {
   out["top1_ridgefill"] = Argmax(filled);
   out["top1_match"] = Argmax(exact) == Argmax(filled);
   out["kv_s1_max_abs"] = MaxAbsDiff(kv1_exact, ReadKv(*backend, runner, split + 1, 4, fill_end));
-  out["kv_s2_max_abs"] = MaxAbsDiff(kv2_exact, ReadKv(*backend, runner, split + 2, 4, fill_end));
+  const std::vector<float> kv2_fill = ReadKv(*backend, runner, split + 2, 4, fill_end);
+  out["kv_s2_max_abs"] = MaxAbsDiff(kv2_exact, kv2_fill);
+  if (absl::GetFlag(FLAGS_dump_kv)) {
+    out["tokens"] = tokens;
+    out["kv_fill"] = kv2_fill;
+  }
 
   // (3) A broken map for the same split: W = 0, b = 0.
   MapSet broken = file->maps();
@@ -144,13 +153,13 @@ absl::StatusOr<Json> Run() {
     if (s.split_layer != split) continue;
     SplitMaps z = s;
     for (TargetMap& t : z.targets) {
-      t.weight = zeros;
-      t.bias = std::span<const float>(zeros).first(c.hidden);
+      t.weight = std::span<const float>(zeros).first(t.weight.size());
+      t.bias = std::span<const float>(zeros).first(t.bias.size());
     }
     broken.splits.push_back(z);
   }
   RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMaps> broken_maps,
-                      RidgeFillMaps::Load(broken, c, *backend));
+                      RidgeFillMaps::Load(broken, *model->llama));
   llama.SetRidgeFillMaps(broken_maps.get());
   std::vector<float> broken_logits;
   runner.Reset();

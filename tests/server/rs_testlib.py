@@ -31,6 +31,8 @@ MODEL = os.environ.get(
     "RIDGESERVE_DEFAULT_MODEL",
     os.path.join(SOURCE_DIR, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 )
+# RidgeFill maps for MODEL, made by `make maps` (make test runs it first).
+MAPS = os.environ.get("RIDGESERVE_DEFAULT_MAPS", os.path.splitext(MODEL)[0] + ".rfmap")
 SERVER_BIN = os.path.join(BIN_DIR, "ridgeserve")
 CLI_BIN = os.path.join(BIN_DIR, "ridgeserve-cli")
 VERBOSE = os.environ.get("RIDGESERVE_TEST_VERBOSE") == "1"

@@ -1,0 +1,39 @@
+#include "engine/ridgefill_load.h"
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "engine/common/status_macros.h"
+#include "engine/model/gguf.h"
+#include "engine/model/safetensors.h"
+
+namespace ridgeserve {
+
+absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_path, Model& model) {
+  const ModelConfig& c = model.config;
+  // The map file must have been fitted on this very model (fingerprint of its tensors).
+  std::unique_ptr<TensorSource> source;
+  std::error_code ec;
+  if (std::filesystem::is_directory(model.path, ec)) {
+    RS_ASSIGN_OR_RETURN(source, SafetensorsModel::Open(model.path));
+  } else {
+    RS_ASSIGN_OR_RETURN(source, GgufFile::Open(model.path));
+  }
+  MapFileExpectations expected;
+  expected.model = ComputeModelFingerprint(*source, c.name, c.num_layers, c.hidden);
+  expected.num_kv_heads = c.num_kv_heads;
+  expected.head_dim = c.head_dim;
+  LoadedRidgeFillMaps loaded;
+  RS_ASSIGN_OR_RETURN(loaded.file, MapFile::Open(maps_path, expected));
+  absl::StatusOr<std::unique_ptr<RidgeFillMaps>> maps =
+      RidgeFillMaps::Load(loaded.file->maps(), *model.llama);
+  if (!maps.ok()) {
+    return absl::Status(maps.status().code(), absl::StrCat(maps_path, ": ", maps.status().message()));
+  }
+  loaded.maps = *std::move(maps);
+  model.llama->SetRidgeFillMaps(loaded.maps.get());
+  return loaded;
+}
+
+}  // namespace ridgeserve

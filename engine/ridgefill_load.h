@@ -1,0 +1,28 @@
+// Loads a RidgeFill map file for a loaded model: checks the file against the model's
+// fingerprint and shape, uploads the maps to the model's backend and sets them on the model.
+#ifndef RIDGESERVE_ENGINE_RIDGEFILL_LOAD_H_
+#define RIDGESERVE_ENGINE_RIDGEFILL_LOAD_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "engine/model/model.h"
+#include "engine/ridgefill/map_file.h"
+#include "engine/ridgefill/ridgefill_maps.h"
+
+namespace ridgeserve {
+
+// Keeps the file and the uploaded maps alive together; the model points at `maps`.
+struct LoadedRidgeFillMaps {
+  std::unique_ptr<MapFile> file;
+  std::unique_ptr<RidgeFillMaps> maps;
+};
+
+// `model.path` is re-read for its fingerprint. Errors name the map file and what is wrong
+// (another model's maps, a truncated or corrupted file, a shape that does not fit).
+absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_path, Model& model);
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_ENGINE_RIDGEFILL_LOAD_H_

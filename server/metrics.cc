@@ -1,0 +1,229 @@
+#include "server/metrics.h"
+
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
+
+namespace ridgeserve {
+namespace {
+
+// vLLM's bucket edges (vllm/v1/metrics/loggers.py), seconds.
+const prometheus::Histogram::BucketBoundaries kTtftBuckets = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+const prometheus::Histogram::BucketBoundaries kItlBuckets = {
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
+    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
+const prometheus::Histogram::BucketBoundaries kRequestLatencyBuckets = {
+    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+
+constexpr const char* kPrefillModes[] = {"exact", "ridgefill"};
+
+// Engine::stats() turned into gauges and a counter at scrape time, so they are never stale.
+prometheus::MetricFamily OneValue(const char* name, const char* help, prometheus::MetricType type,
+                                  double value) {
+  prometheus::MetricFamily family{name, help, type, {}};
+  prometheus::ClientMetric& m = family.metric.emplace_back();
+  if (type == prometheus::MetricType::Counter) {
+    m.counter.value = value;
+  } else {
+    m.gauge.value = value;
+  }
+  return family;
+}
+
+}  // namespace
+
+class ServerMetrics::EngineCollector final : public prometheus::Collectable {
+ public:
+  explicit EngineCollector(std::function<EngineStats()> stats) : stats_(std::move(stats)) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    const EngineStats s = stats_();
+    const double usage =
+        s.kv_blocks_total > 0
+            ? static_cast<double>(s.kv_blocks_total - s.kv_blocks_free) / s.kv_blocks_total
+            : 0.0;
+    using prometheus::MetricType;
+    return {
+        OneValue("ridgeserve_num_requests_running",
+                 "Requests prefilling or decoding in the engine.", MetricType::Gauge,
+                 s.num_running),
+        OneValue("ridgeserve_num_requests_waiting", "Requests waiting to be scheduled.",
+                 MetricType::Gauge, s.num_waiting),
+        OneValue("ridgeserve_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0 to 1).",
+                 MetricType::Gauge, usage),
+        OneValue("ridgeserve_num_preemptions_total",
+                 "Requests preempted (their KV blocks freed, to be recomputed).",
+                 MetricType::Counter, static_cast<double>(s.num_preemptions)),
+    };
+  }
+
+ private:
+  const std::function<EngineStats()> stats_;
+};
+
+ServerMetrics::ServerMetrics(std::function<EngineStats()> engine_stats, const BuildInfo& info)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      engine_collector_(std::make_shared<EngineCollector>(std::move(engine_stats))) {
+  prometheus::Registry& r = *registry_;
+  auto histogram = [&r](const char* name,
+                        const char* help) -> prometheus::Family<prometheus::Histogram>& {
+    return prometheus::BuildHistogram().Name(name).Help(help).Register(r);
+  };
+  auto& ttft = histogram("ridgeserve_time_to_first_token_seconds",
+                         "Time from arrival to the first token, by prefill mode.");
+  auto& itl = histogram("ridgeserve_inter_token_latency_seconds",
+                        "Time between consecutive token events of a request, by prefill mode.");
+  auto& e2e = histogram("ridgeserve_e2e_request_latency_seconds",
+                        "Time from arrival to the final event, by prefill mode.");
+  auto& queue = histogram("ridgeserve_request_queue_time_seconds",
+                          "Time from arrival to first scheduled, by prefill mode.");
+  auto& prefill = histogram("ridgeserve_request_prefill_time_seconds",
+                            "Time from first scheduled to the first token, by prefill mode.");
+  requests_ =
+      &prometheus::BuildCounter()
+           .Name("ridgeserve_requests_total")
+           .Help(
+               "Requests that reached the engine and ended OK, by finish reason and prefill mode.")
+           .Register(r);
+  for (int mode = 0; mode < 2; ++mode) {
+    ModeMetrics& m = modes_[mode];
+    m.label = kPrefillModes[mode];
+    const prometheus::Labels labels = {{"prefill_mode", m.label}};
+    m.ttft = &ttft.Add(labels, kTtftBuckets);
+    m.itl = &itl.Add(labels, kItlBuckets);
+    m.e2e = &e2e.Add(labels, kRequestLatencyBuckets);
+    m.queue = &queue.Add(labels, kRequestLatencyBuckets);
+    m.prefill = &prefill.Add(labels, kRequestLatencyBuckets);
+    // Every (finish_reason, prefill_mode) series exists from the start, so rate() sees the
+    // first request of each.
+    for (v1::FinishReason reason : {v1::STOP, v1::LENGTH, v1::STOP_SEQUENCE, v1::ABORTED}) {
+      RequestCounter(m, reason);
+    }
+  }
+  errors_ = &prometheus::BuildCounter()
+                 .Name("ridgeserve_request_errors_total")
+                 .Help("Generate/GenerateStream calls ended with a non-OK status, by gRPC code.")
+                 .Register(r);
+  // The codes the server itself returns exist from the start (others appear when first seen).
+  for (absl::StatusCode code :
+       {absl::StatusCode::kInvalidArgument, absl::StatusCode::kOutOfRange,
+        absl::StatusCode::kFailedPrecondition, absl::StatusCode::kResourceExhausted,
+        absl::StatusCode::kUnavailable, absl::StatusCode::kAlreadyExists,
+        absl::StatusCode::kInternal}) {
+    errors_->Add({{"code", absl::StatusCodeToString(code)}});
+  }
+  auto counter = [&r](const char* name, const char* help) -> prometheus::Counter& {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+  };
+  prompt_tokens_ = &counter("ridgeserve_prompt_tokens_total",
+                            "Prompt tokens of requests whose prefill completed.");
+  generation_tokens_ =
+      &counter("ridgeserve_generation_tokens_total", "Tokens generated by the engine.");
+  filled_tokens_ = &counter("ridgeserve_ridgefill_filled_tokens_total",
+                            "RidgeFill: prompt rows filled approximately instead of run exactly.");
+  skipped_layer_tokens_ = &counter("ridgeserve_ridgefill_skipped_layer_tokens_total",
+                                   "RidgeFill: sum over filled rows of the layers they skipped.");
+  ttft_saved_ =
+      &histogram("ridgeserve_ridgefill_ttft_saved_seconds",
+                 "RidgeFill: per-request estimate of the prefill time the filled rows saved "
+                 "(measured per-row cost of the exact layers), for requests that filled rows.")
+           .Add({}, kTtftBuckets);
+  prometheus::BuildGauge()
+      .Name("ridgeserve_build_info")
+      .Help("Build and serving configuration; always 1.")
+      .Register(r)
+      .Add({{"version", info.version},
+            {"model", info.model},
+            {"backend", info.backend},
+            {"tensor_parallel", absl::StrCat(info.tensor_parallel)}})
+      .Set(1);
+}
+
+ServerMetrics::~ServerMetrics() = default;
+
+absl::Status ServerMetrics::Serve(const std::string& host, int port) {
+  const bool ipv6 = absl::StrContains(host, ':') && !absl::StartsWith(host, "[");
+  const std::string address =
+      ipv6 ? absl::StrCat("[", host, "]:", port) : absl::StrCat(host, ":", port);
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(registry_);
+  exposer_->RegisterCollectable(engine_collector_);
+  const std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) {
+    exposer_.reset();
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", address));
+  }
+  port_ = ports.front();
+  return absl::OkStatus();
+}
+
+std::string ServerMetrics::Render() const {
+  std::vector<prometheus::MetricFamily> families = registry_->Collect();
+  for (prometheus::MetricFamily& f : engine_collector_->Collect()) {
+    families.push_back(std::move(f));
+  }
+  return prometheus::TextSerializer().Serialize(families);
+}
+
+prometheus::Counter& ServerMetrics::RequestCounter(const ModeMetrics& mode,
+                                                   v1::FinishReason reason) {
+  // Family::Add returns the existing series for labels it has seen.
+  return requests_->Add({{"finish_reason", absl::AsciiStrToLower(v1::FinishReason_Name(reason))},
+                         {"prefill_mode", mode.label}});
+}
+
+void ServerMetrics::RecordError(absl::StatusCode code) {
+  errors_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+}
+
+void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_reason) {
+  if (finished_) return;
+  ServerMetrics::ModeMetrics& mode = metrics_.ModeOf(event);
+  if (!event.tokens.empty()) {
+    const Clock::time_point now = Clock::now();
+    if (!last_token_) {
+      mode.ttft->Observe(event.timing.ttft_seconds);
+      metrics_.prompt_tokens_->Increment(event.prompt_tokens);
+      if (event.filled_prompt_tokens > 0) {
+        metrics_.filled_tokens_->Increment(event.filled_prompt_tokens);
+        metrics_.skipped_layer_tokens_->Increment(static_cast<double>(event.skipped_layer_tokens));
+        metrics_.ttft_saved_->Observe(event.timing.estimated_ttft_saved_seconds);
+      }
+    } else {
+      mode.itl->Observe(std::chrono::duration<double>(now - *last_token_).count());
+    }
+    last_token_ = now;
+    metrics_.generation_tokens_->Increment(static_cast<double>(event.tokens.size()));
+  }
+  if (!event.finished) return;
+  finished_ = true;
+  if (!event.status.ok()) {
+    metrics_.RecordError(event.status.code());
+    return;
+  }
+  metrics_.RequestCounter(mode, finish_reason).Increment();
+  mode.e2e->Observe(event.timing.e2e_seconds);
+  if (last_token_) {
+    mode.queue->Observe(event.timing.queue_seconds);
+    mode.prefill->Observe(event.timing.prefill_seconds);
+  }
+}
+
+}  // namespace ridgeserve

@@ -1,0 +1,140 @@
+// Prometheus metrics of one ridgeserve process (DESIGN.md, "Metrics (interface)"), exported
+// with prometheus-cpp on --metrics_port at /metrics. Names follow Prometheus conventions
+// (`ridgeserve_` prefix, base units, `_total` counters); histogram bucket edges are vLLM's, so
+// its dashboards port over.
+//
+// What is counted, and when (each request is counted once, in exactly one of the two
+// families: sum(ridgeserve_requests_total) + sum(ridgeserve_request_errors_total) = calls):
+// - ridgeserve_requests_total{finish_reason, prefill_mode}: requests that reached the engine
+//   and ended with an OK status, at their final event. finish_reason: stop, length,
+//   stop_sequence, aborted (client cancel, deadline, Abort, drain).
+// - ridgeserve_request_errors_total{code}: every Generate/GenerateStream call the server
+//   ends with a non-OK status (gRPC code name, e.g. INVALID_ARGUMENT): refused at validation,
+//   admission or submission, or failed in the engine.
+// - prefill_mode is what the engine did, from TokenEvent::split_layer: "ridgefill" when the
+//   prompt was prefilled with a RidgeFill split, else "exact".
+// - At a request's first token: ridgeserve_time_to_first_token_seconds (engine-measured),
+//   ridgeserve_prompt_tokens_total, and for RidgeFill requests that filled rows the filled
+//   and skipped layer-token counters and ridgeserve_ridgefill_ttft_saved_seconds.
+// - At every later event that carries tokens: ridgeserve_inter_token_latency_seconds, one
+//   observation per event (an event carrying several tokens is one gap, as in vLLM), timed on
+//   the steady clock when the engine thread hands the event to the server: the callback runs
+//   right after sampling, so the gap is the engine's step-to-step time for that request.
+// - ridgeserve_generation_tokens_total: tokens the engine generated, as they are produced
+//   (including tokens dropped after a stop string matched: they were computed).
+// - At the final OK event: ridgeserve_e2e_request_latency_seconds, and for requests that got
+//   a first token, ridgeserve_request_queue_time_seconds and
+//   ridgeserve_request_prefill_time_seconds (engine-measured).
+// - Read from Engine::stats() at scrape time (never stale): ridgeserve_num_requests_running,
+//   ridgeserve_num_requests_waiting, ridgeserve_kv_cache_usage_ratio (used / total blocks),
+//   ridgeserve_num_preemptions_total.
+// - ridgeserve_build_info{version, model, backend, tensor_parallel} 1.
+//
+// Threading: every method is thread-safe. RequestMetrics belongs to one request and is fed
+// its events in order (the engine thread).
+#ifndef RIDGESERVE_SERVER_METRICS_H_
+#define RIDGESERVE_SERVER_METRICS_H_
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "engine/engine.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "ridgeserve/v1/ridgeserve.pb.h"
+
+namespace prometheus {
+class Exposer;
+}  // namespace prometheus
+
+namespace ridgeserve {
+
+class ServerMetrics {
+ public:
+  struct BuildInfo {
+    std::string version;
+    std::string model;
+    std::string backend;
+    int32_t tensor_parallel = 1;
+  };
+
+  // Registers every metric. `engine_stats` is called on every scrape (any thread), typically
+  // Engine::stats of an engine that outlives the metrics.
+  ServerMetrics(std::function<EngineStats()> engine_stats, const BuildInfo& info);
+  ~ServerMetrics();
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  // Serves /metrics on host:port over HTTP (port 0: a free one, see port()). Called at most
+  // once; without it the metrics are kept but not exported.
+  absl::Status Serve(const std::string& host, int port);
+  // The port /metrics is served on; 0 before Serve.
+  int port() const { return port_; }
+
+  // The text exposition format of every ridgeserve_* metric, as /metrics serves them (beside
+  // prometheus-cpp's own exposer_* metrics there).
+  std::string Render() const;
+
+  // A Generate/GenerateStream call ended with this non-OK status.
+  void RecordError(absl::StatusCode code);
+
+ private:
+  friend class RequestMetrics;
+  class EngineCollector;
+
+  // The latency histograms of one prefill mode.
+  struct ModeMetrics {
+    prometheus::Histogram* ttft = nullptr;
+    prometheus::Histogram* itl = nullptr;
+    prometheus::Histogram* e2e = nullptr;
+    prometheus::Histogram* queue = nullptr;
+    prometheus::Histogram* prefill = nullptr;
+    const char* label = "";  // prefill_mode
+  };
+  // The event's prefill mode: modes_[0] exact, modes_[1] ridgefill.
+  ModeMetrics& ModeOf(const TokenEvent& event) { return modes_[event.split_layer >= 0 ? 1 : 0]; }
+  // ridgeserve_requests_total{finish_reason (lower case), prefill_mode}.
+  prometheus::Counter& RequestCounter(const ModeMetrics& mode, v1::FinishReason reason);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<EngineCollector> engine_collector_;
+  std::array<ModeMetrics, 2> modes_;
+  prometheus::Family<prometheus::Counter>* requests_ = nullptr;
+  prometheus::Family<prometheus::Counter>* errors_ = nullptr;
+  prometheus::Counter* prompt_tokens_ = nullptr;
+  prometheus::Counter* generation_tokens_ = nullptr;
+  prometheus::Counter* filled_tokens_ = nullptr;
+  prometheus::Counter* skipped_layer_tokens_ = nullptr;
+  prometheus::Histogram* ttft_saved_ = nullptr;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+// One request's metrics: turns its engine events into observations, each at most once.
+class RequestMetrics {
+ public:
+  explicit RequestMetrics(ServerMetrics& metrics) : metrics_(metrics) {}
+
+  // Every engine event of the request, in order. `finish_reason` is what the client is told on
+  // the final event (STOP_SEQUENCE when the server matched a stop string); unused before.
+  void OnEvent(const TokenEvent& event, v1::FinishReason finish_reason);
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  ServerMetrics& metrics_;
+  std::optional<Clock::time_point> last_token_;  // when the previous tokens arrived
+  bool finished_ = false;
+};
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_SERVER_METRICS_H_

@@ -1,0 +1,213 @@
+// ServerMetrics and RequestMetrics fed with hand-made engine events (no model, no engine): each
+// request is counted once, in requests_total or request_errors_total, with its prefill mode;
+// TTFT, ITL and token counters follow the events; RidgeFill counters only for filled rows;
+// engine gauges are read at scrape time; /metrics is served over HTTP on a free port.
+#include "server/metrics.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace ridgeserve {
+namespace {
+
+// The value of the series written exactly as `series` (name{labels}) in the text format; -1
+// when absent.
+double Value(const std::string& text, const std::string& series) {
+  const std::string key = series + " ";
+  size_t pos = 0;
+  while ((pos = text.find(key, pos)) != std::string::npos) {
+    if (pos == 0 || text[pos - 1] == '\n') return std::stod(text.substr(pos + key.size()));
+    pos += key.size();
+  }
+  return -1;
+}
+
+ServerMetrics::BuildInfo Info() { return {"1.2.3", "tiny", "cpu", 2}; }
+
+EngineStats Idle() {
+  EngineStats s;
+  s.kv_blocks_total = 100;
+  s.kv_blocks_free = 100;
+  return s;
+}
+
+TokenEvent Token(int32_t split_layer = -1) {
+  TokenEvent e;
+  e.tokens = {7};
+  e.prompt_tokens = 50;
+  e.split_layer = split_layer;
+  e.timing.ttft_seconds = 0.25;
+  if (split_layer >= 0) {
+    e.filled_prompt_tokens = 40;
+    e.exact_prompt_tokens = 10;
+    e.skipped_layer_tokens = 40 * 7;
+    e.timing.estimated_ttft_saved_seconds = 0.125;
+  }
+  return e;
+}
+
+TokenEvent Final(TokenEvent e, absl::Status status = absl::OkStatus()) {
+  e.tokens.clear();
+  e.finished = true;
+  e.finish_reason = FinishReason::kLength;
+  e.status = std::move(status);
+  e.timing.queue_seconds = 0.5;
+  e.timing.prefill_seconds = 0.75;
+  e.timing.e2e_seconds = 2;
+  return e;
+}
+
+TEST(ServerMetricsTest, ExactRequestCountedOnceWithItsTokens) {
+  ServerMetrics metrics(Idle, Info());
+  RequestMetrics request(metrics);
+  for (int i = 0; i < 4; ++i) request.OnEvent(Token(), v1::FINISH_REASON_UNSPECIFIED);
+  request.OnEvent(Final(Token()), v1::LENGTH);
+  request.OnEvent(Final(Token()), v1::LENGTH);  // a second final event changes nothing
+  const std::string text = metrics.Render();
+  EXPECT_EQ(
+      Value(text, R"(ridgeserve_requests_total{finish_reason="length",prefill_mode="exact"})"), 1);
+  EXPECT_EQ(
+      Value(text, R"(ridgeserve_requests_total{finish_reason="length",prefill_mode="ridgefill"})"),
+      0);
+  EXPECT_EQ(Value(text, R"(ridgeserve_time_to_first_token_seconds_count{prefill_mode="exact"})"),
+            1);
+  EXPECT_EQ(Value(text, R"(ridgeserve_time_to_first_token_seconds_sum{prefill_mode="exact"})"),
+            0.25);
+  EXPECT_EQ(Value(text, R"(ridgeserve_inter_token_latency_seconds_count{prefill_mode="exact"})"),
+            3);
+  EXPECT_EQ(Value(text, R"(ridgeserve_e2e_request_latency_seconds_sum{prefill_mode="exact"})"), 2);
+  EXPECT_EQ(Value(text, R"(ridgeserve_request_queue_time_seconds_sum{prefill_mode="exact"})"), 0.5);
+  EXPECT_EQ(Value(text, R"(ridgeserve_request_prefill_time_seconds_sum{prefill_mode="exact"})"),
+            0.75);
+  // TTFT 0.25 s lands in vLLM's (0.1, 0.25] bucket.
+  EXPECT_EQ(
+      Value(text,
+            R"(ridgeserve_time_to_first_token_seconds_bucket{prefill_mode="exact",le="0.1"})"),
+      0);
+  EXPECT_EQ(
+      Value(text,
+            R"(ridgeserve_time_to_first_token_seconds_bucket{prefill_mode="exact",le="0.25"})"),
+      1);
+  EXPECT_EQ(Value(text, "ridgeserve_prompt_tokens_total"), 50);
+  EXPECT_EQ(Value(text, "ridgeserve_generation_tokens_total"), 4);
+  EXPECT_EQ(Value(text, "ridgeserve_ridgefill_ttft_saved_seconds_count"), 0);
+  EXPECT_EQ(Value(text, "ridgeserve_ridgefill_filled_tokens_total"), 0);
+}
+
+TEST(ServerMetricsTest, RidgeFillRequestCountsFilledRowsAndSavedSeconds) {
+  ServerMetrics metrics(Idle, Info());
+  RequestMetrics request(metrics);
+  request.OnEvent(Token(/*split_layer=*/22), v1::FINISH_REASON_UNSPECIFIED);
+  request.OnEvent(Token(22), v1::FINISH_REASON_UNSPECIFIED);
+  request.OnEvent(Final(Token(22)), v1::STOP_SEQUENCE);
+  const std::string text = metrics.Render();
+  EXPECT_EQ(
+      Value(text,
+            R"(ridgeserve_requests_total{finish_reason="stop_sequence",prefill_mode="ridgefill"})"),
+      1);
+  EXPECT_EQ(
+      Value(text, R"(ridgeserve_time_to_first_token_seconds_count{prefill_mode="ridgefill"})"), 1);
+  EXPECT_EQ(Value(text, R"(ridgeserve_time_to_first_token_seconds_count{prefill_mode="exact"})"),
+            0);
+  EXPECT_EQ(Value(text, "ridgeserve_ridgefill_filled_tokens_total"), 40);
+  EXPECT_EQ(Value(text, "ridgeserve_ridgefill_skipped_layer_tokens_total"), 280);
+  EXPECT_EQ(Value(text, "ridgeserve_ridgefill_ttft_saved_seconds_count"), 1);
+  EXPECT_EQ(Value(text, "ridgeserve_ridgefill_ttft_saved_seconds_sum"), 0.125);
+}
+
+TEST(ServerMetricsTest, FailuresCountOnlyAsErrors) {
+  ServerMetrics metrics(Idle, Info());
+  metrics.RecordError(absl::StatusCode::kInvalidArgument);
+  metrics.RecordError(absl::StatusCode::kInvalidArgument);
+  metrics.RecordError(absl::StatusCode::kDeadlineExceeded);  // not pre-registered
+  RequestMetrics failed(metrics);
+  failed.OnEvent(Token(), v1::FINISH_REASON_UNSPECIFIED);
+  failed.OnEvent(Final(Token(), absl::InternalError("boom")), v1::FINISH_REASON_UNSPECIFIED);
+  RequestMetrics aborted_before_first_token(metrics);
+  TokenEvent abort = Final(TokenEvent());
+  abort.finish_reason = FinishReason::kAborted;
+  aborted_before_first_token.OnEvent(abort, v1::ABORTED);
+
+  const std::string text = metrics.Render();
+  EXPECT_EQ(Value(text, R"(ridgeserve_request_errors_total{code="INVALID_ARGUMENT"})"), 2);
+  EXPECT_EQ(Value(text, R"(ridgeserve_request_errors_total{code="DEADLINE_EXCEEDED"})"), 1);
+  EXPECT_EQ(Value(text, R"(ridgeserve_request_errors_total{code="INTERNAL"})"), 1);
+  EXPECT_EQ(Value(text, R"(ridgeserve_request_errors_total{code="OUT_OF_RANGE"})"), 0);
+  EXPECT_EQ(
+      Value(text, R"(ridgeserve_requests_total{finish_reason="length",prefill_mode="exact"})"), 0);
+  EXPECT_EQ(
+      Value(text, R"(ridgeserve_requests_total{finish_reason="aborted",prefill_mode="exact"})"), 1);
+  // The failed request had its first token; the aborted one never did: no queue or prefill
+  // time for it, but its E2E is observed.
+  EXPECT_EQ(Value(text, R"(ridgeserve_time_to_first_token_seconds_count{prefill_mode="exact"})"),
+            1);
+  EXPECT_EQ(Value(text, R"(ridgeserve_request_queue_time_seconds_count{prefill_mode="exact"})"), 0);
+  EXPECT_EQ(Value(text, R"(ridgeserve_e2e_request_latency_seconds_count{prefill_mode="exact"})"),
+            1);
+}
+
+TEST(ServerMetricsTest, EngineStatsAndBuildInfoAtScrapeTime) {
+  EngineStats stats = Idle();
+  ServerMetrics metrics([&stats] { return stats; }, Info());
+  EXPECT_EQ(Value(metrics.Render(), "ridgeserve_kv_cache_usage_ratio"), 0);
+  stats.num_running = 3;
+  stats.num_waiting = 2;
+  stats.kv_blocks_free = 25;
+  stats.num_preemptions = 7;
+  const std::string text = metrics.Render();
+  EXPECT_EQ(Value(text, "ridgeserve_num_requests_running"), 3);
+  EXPECT_EQ(Value(text, "ridgeserve_num_requests_waiting"), 2);
+  EXPECT_EQ(Value(text, "ridgeserve_kv_cache_usage_ratio"), 0.75);
+  EXPECT_EQ(Value(text, "ridgeserve_num_preemptions_total"), 7);
+  EXPECT_EQ(
+      Value(
+          text,
+          R"(ridgeserve_build_info{backend="cpu",model="tiny",tensor_parallel="2",version="1.2.3"})"),
+      1);
+}
+
+// GET /metrics over a plain socket; the response body.
+std::string HttpGet(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  std::string response;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) response.append(buf, n);
+    }
+  }
+  close(fd);
+  const size_t body = response.find("\r\n\r\n");
+  return body == std::string::npos ? "" : response.substr(body + 4);
+}
+
+TEST(ServerMetricsTest, ServesOnAFreePortAndRefusesABusyOne) {
+  ServerMetrics metrics(Idle, Info());
+  metrics.RecordError(absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(metrics.Serve("127.0.0.1", 0).ok());
+  ASSERT_GT(metrics.port(), 0);
+  const std::string body = HttpGet(metrics.port());
+  EXPECT_EQ(Value(body, R"(ridgeserve_request_errors_total{code="RESOURCE_EXHAUSTED"})"), 1);
+  EXPECT_EQ(Value(body, "ridgeserve_num_requests_running"), 0);
+
+  ServerMetrics second(Idle, Info());
+  const absl::Status busy = second.Serve("127.0.0.1", metrics.port());
+  EXPECT_EQ(busy.code(), absl::StatusCode::kUnavailable) << busy;
+}
+
+}  // namespace
+}  // namespace ridgeserve
