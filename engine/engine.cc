@@ -30,7 +30,8 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
 struct Engine::Impl {
   // A request as the engine thread tracks it, beside the scheduler's SchedRequest.
   struct Live {
-    Live(EventCallback callback, Sampler s) : on_event(std::move(callback)), sampler(std::move(s)) {}
+    Live(EventCallback callback, Sampler s)
+        : on_event(std::move(callback)), sampler(std::move(s)) {}
     EventCallback on_event;
     Sampler sampler;
     bool logprobs = false;
@@ -205,9 +206,9 @@ void Engine::Impl::Step() {
                       chunk.start, chunk.sample);
     const int32_t fill_end =
         std::min(chunk.start + chunk.count, static_cast<int32_t>(r.filled_rows.size()));
-    const int32_t filled = static_cast<int32_t>(
-        std::count(r.filled_rows.begin() + std::min(chunk.start, fill_end),
-                   r.filled_rows.begin() + fill_end, uint8_t{1}));
+    const int32_t filled =
+        static_cast<int32_t>(std::count(r.filled_rows.begin() + std::min(chunk.start, fill_end),
+                                        r.filled_rows.begin() + fill_end, uint8_t{1}));
     if (filled == 0) continue;
     filled_in_chunk[i] = filled;
     batch.fill_split.resize(batch.num_rows() - chunk.count, -1);
@@ -222,8 +223,8 @@ void Engine::Impl::Step() {
   for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
     if (filled_in_chunk[i] == 0) continue;
     Live& l = live.at(plan.chunks[i].request->id);
-    l.estimated_saved_seconds += filled_in_chunk[i] * profile.SavedSecondsPerRow(
-                                                          l.split_layer, model.config.num_layers);
+    l.estimated_saved_seconds +=
+        filled_in_chunk[i] * profile.SavedSecondsPerRow(l.split_layer, model.config.num_layers);
   }
   std::vector<int32_t> sampled(plan.chunks.size(), -1);
   std::vector<float> logprobs(plan.chunks.size(), 0.0f);
@@ -365,8 +366,8 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
   if (request.ridgefill.split_layer >= 0) {
     const RidgeFillMaps* maps = impl_->model.llama->ridgefill_maps();
     if (maps == nullptr || maps->FindSplit(request.ridgefill.split_layer) == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "no RidgeFill maps loaded for split layer ", request.ridgefill.split_layer));
+      return absl::FailedPreconditionError(
+          absl::StrCat("no RidgeFill maps loaded for split layer ", request.ridgefill.split_layer));
     }
     const Tokenizer& tokenizer = *impl_->model.tokenizer;
     RidgeFillPlanOptions plan;
@@ -374,9 +375,9 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
     plan.sink_tokens = impl_->options.ridgefill_sink_tokens;
     plan.min_prompt_tokens = impl_->options.ridgefill_min_prompt_tokens;
     plan.exact_spans = request.ridgefill.exact_spans;
-    RS_ASSIGN_OR_RETURN(filled_rows,
-                        PlanRidgeFillRows(request.prompt, plan,
-                                          [&](int32_t t) { return tokenizer.IsSpecial(t); }));
+    RS_ASSIGN_OR_RETURN(filled_rows, PlanRidgeFillRows(request.prompt, plan, [&](int32_t t) {
+                          return tokenizer.IsSpecial(t);
+                        }));
     // Nothing filled: the request is exact, and shares the exact prefix cache.
     if (std::count(filled_rows.begin(), filled_rows.end(), uint8_t{1}) == 0) filled_rows.clear();
   }

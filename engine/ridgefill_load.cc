@@ -29,7 +29,8 @@ absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_pa
   absl::StatusOr<std::unique_ptr<RidgeFillMaps>> maps =
       RidgeFillMaps::Load(loaded.file->maps(), *model.llama);
   if (!maps.ok()) {
-    return absl::Status(maps.status().code(), absl::StrCat(maps_path, ": ", maps.status().message()));
+    return absl::Status(maps.status().code(),
+                        absl::StrCat(maps_path, ": ", maps.status().message()));
   }
   loaded.maps = *std::move(maps);
   model.llama->SetRidgeFillMaps(loaded.maps.get());

@@ -21,9 +21,9 @@ struct RidgeFillPlanOptions {
 
 // Per prompt position: 1 = filled row, 0 = exact row. Special tokens (is_special) stay exact.
 // InvalidArgument for a negative tail or a span that is reversed or outside the prompt.
-absl::StatusOr<std::vector<uint8_t>> PlanRidgeFillRows(std::span<const int32_t> prompt,
-                                                       const RidgeFillPlanOptions& options,
-                                                       const std::function<bool(int32_t)>& is_special);
+absl::StatusOr<std::vector<uint8_t>> PlanRidgeFillRows(
+    std::span<const int32_t> prompt, const RidgeFillPlanOptions& options,
+    const std::function<bool(int32_t)>& is_special);
 
 // Prefix-cache salt of a RidgeFill request: requests whose rows hold different K/V for the
 // same tokens (another split, or the same split from other maps) never share blocks. Which

@@ -5,8 +5,8 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "engine/common/status_macros.h"
 
 namespace ridgeserve {

@@ -61,7 +61,7 @@ class Harness {
   const std::map<uint64_t, std::vector<int32_t>>& done() const { return done_; }
 
   absl::Status Add(uint64_t id, std::vector<int32_t> prompt, int32_t max_new, int32_t priority = 0,
-                   uint64_t salt = 0) {
+                   uint64_t salt = 0, std::vector<uint8_t> filled_rows = {}) {
     auto r = std::make_unique<SchedRequest>();
     r->id = id;
     r->priority = priority;
@@ -69,6 +69,7 @@ class Harness {
     r->max_total_tokens = r->num_prompt_tokens + max_new;
     r->tokens = std::move(prompt);
     r->cache_salt = salt;
+    r->filled_rows = std::move(filled_rows);
     SchedRequest* raw = r.get();
     absl::Status s = sched_.Add(std::move(r));
     if (s.ok()) live_[id] = raw;
@@ -484,6 +485,25 @@ TEST(SchedulerTest, DifferentSaltNeverShares) {
   ASSERT_TRUE(h.Add(2, prefix, 4, 0, /*salt=*/1).ok());
   h.Step();
   EXPECT_EQ(h.request(2)->num_cached_prompt_tokens, 0);
+}
+
+// RidgeFill: a block is shared only by requests that filled the same rows of it (and of
+// every block before it); blocks past the filled rows still differ through their parents.
+TEST(SchedulerTest, FilledRowsArePartOfTheBlockKey) {
+  Harness h(Config(256), 64);
+  const auto prompt = Tokens(64, 7);
+  std::vector<uint8_t> fill_a(64, 0), fill_b(64, 0);
+  std::fill(fill_a.begin() + 4, fill_a.begin() + 40, 1);
+  std::fill(fill_b.begin() + 4, fill_b.begin() + 24, 1);  // differs from block 1 on
+  ASSERT_TRUE(h.Add(1, prompt, 4, 0, /*salt=*/9, fill_a).ok());
+  h.Step();
+  ASSERT_TRUE(h.Add(2, prompt, 4, 0, /*salt=*/9, fill_b).ok());
+  ASSERT_TRUE(h.Add(3, prompt, 4, 0, /*salt=*/9, fill_a).ok());
+  ASSERT_TRUE(h.Add(4, prompt, 4, 0, /*salt=*/9).ok());
+  h.Step();
+  EXPECT_EQ(h.request(2)->num_cached_prompt_tokens, 16);  // block 0 rows match
+  EXPECT_EQ(h.request(3)->num_cached_prompt_tokens, 48);  // same rows: all but the last block
+  EXPECT_EQ(h.request(4)->num_cached_prompt_tokens, 0);   // block 0 already differs
 }
 
 TEST(SchedulerTest, CachedBlocksEvictedWhenMemoryIsNeeded) {
