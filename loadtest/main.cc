@@ -4,7 +4,7 @@
 //   ridgeserve-loadtest --text FILE --arrival closed --concurrency 4 --num_requests 100
 //   ridgeserve-loadtest --text FILE --arrival poisson --rate 2 --duration_s 60
 //   ridgeserve-loadtest --text FILE --arrival gamma --rate 2 --burstiness 0.5
-//   ridgeserve-loadtest --text FILE --arrival poisson --sweep_rates 1,2,4 --json_out r.json
+//   ridgeserve-loadtest --text FILE --arrival poisson --sweep_rates 1,2,4 --json r.json
 // Exit code: 0 when the run completed (failed requests are results, not failures); otherwise
 // the absl status code of the problem, printed as "CODE: message".
 #include <unistd.h>
@@ -41,8 +41,10 @@ ABSL_FLAG(std::string, target, "127.0.0.1:50051",
           "server HOST:PORT (loopback unless --allow_remote)");
 ABSL_FLAG(bool, allow_remote, false, "allow a --target that is not a loopback address");
 // Arrivals.
-ABSL_FLAG(std::string, arrival, "closed",
-          "closed (fixed --concurrency), poisson (--rate) or gamma (--rate, --burstiness)");
+ABSL_FLAG(std::string, arrival, "",
+          "closed (fixed --concurrency), poisson (--rate) or gamma (--rate, --burstiness); "
+          "empty: open loop when --rate or --sweep_rates is given (gamma when --burstiness is "
+          "not 1), else closed");
 ABSL_FLAG(int32_t, concurrency, 1, "closed loop: calls kept in flight (also the warm-up's)");
 ABSL_FLAG(double, rate, 0, "open loop: mean arrival rate, requests per second");
 ABSL_FLAG(double, burstiness, 1,
@@ -74,9 +76,9 @@ ABSL_FLAG(uint64_t, seed, 0, "seeds prompt offsets, lengths, the prefill mix and
 // Goodput and output.
 ABSL_FLAG(double, slo_ttft_ms, 0, "goodput: TTFT limit in ms (0 = none)");
 ABSL_FLAG(double, slo_tpot_ms, 0, "goodput: TPOT limit in ms (0 = none)");
-ABSL_FLAG(std::string, json_out, "", "write the summary and every request's record as JSON");
-ABSL_FLAG(std::string, csv_out, "", "write one CSV row per request");
-ABSL_FLAG(std::string, plot_out, "", "draw a PNG with gnuplot (TTFT CDF; latency vs rate)");
+ABSL_FLAG(std::string, json, "", "write the summary and every request's record as JSON");
+ABSL_FLAG(std::string, csv, "", "write one CSV row per request");
+ABSL_FLAG(std::string, plot, "", "draw a PNG with gnuplot (TTFT CDF; latency vs rate)");
 
 namespace ridgeserve::loadtest {
 namespace {
@@ -89,7 +91,11 @@ absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
 }
 
 absl::StatusOr<std::vector<PhaseSpec>> BuildPhases() {
-  const std::string arrival = absl::GetFlag(FLAGS_arrival);
+  std::string arrival = absl::GetFlag(FLAGS_arrival);
+  if (arrival.empty()) {
+    const bool open = absl::GetFlag(FLAGS_rate) != 0 || !absl::GetFlag(FLAGS_sweep_rates).empty();
+    arrival = !open ? "closed" : absl::GetFlag(FLAGS_burstiness) != 1 ? "gamma" : "poisson";
+  }
   PhaseSpec base;
   base.arrival = arrival;
   base.num_requests = absl::GetFlag(FLAGS_num_requests);
@@ -140,9 +146,9 @@ absl::StatusOr<std::vector<PhaseSpec>> BuildPhases() {
   return phases;
 }
 
-nlohmann::json ConfigJson(const WorkloadOptions& w) {
+nlohmann::json ConfigJson(const WorkloadOptions& w, const std::string& arrival) {
   nlohmann::json c = {{"target", absl::GetFlag(FLAGS_target)},
-                      {"arrival", absl::GetFlag(FLAGS_arrival)},
+                      {"arrival", arrival},
                       {"concurrency", absl::GetFlag(FLAGS_concurrency)},
                       {"rate", absl::GetFlag(FLAGS_rate)},
                       {"burstiness", absl::GetFlag(FLAGS_burstiness)},
@@ -255,7 +261,7 @@ absl::Status Run() {
   std::shared_ptr<grpc::Channel> channel = OpenChannel(absl::GetFlag(FLAGS_target));
   std::unique_ptr<v1::Inference::Stub> stub = v1::Inference::NewStub(channel);
   RunReport report;
-  report.config = ConfigJson(workload);
+  report.config = ConfigJson(workload, phases.front().arrival);
   report.slo.ttft_s = absl::GetFlag(FLAGS_slo_ttft_ms) / 1e3;
   report.slo.tpot_s = absl::GetFlag(FLAGS_slo_tpot_ms) / 1e3;
   RS_RETURN_IF_ERROR(WaitServing(channel));
@@ -289,13 +295,13 @@ absl::Status Run() {
   }
 
   PrintTable(report, stdout);
-  if (const std::string path = absl::GetFlag(FLAGS_json_out); !path.empty()) {
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     RS_RETURN_IF_ERROR(WriteJson(report, path));
   }
-  if (const std::string path = absl::GetFlag(FLAGS_csv_out); !path.empty()) {
+  if (const std::string path = absl::GetFlag(FLAGS_csv); !path.empty()) {
     RS_RETURN_IF_ERROR(WriteCsv(report, path));
   }
-  if (const std::string path = absl::GetFlag(FLAGS_plot_out); !path.empty()) {
+  if (const std::string path = absl::GetFlag(FLAGS_plot); !path.empty()) {
     if (absl::Status s = DrawPlot(report, path); !s.ok()) {
       std::fprintf(stderr, "plot: %s\n", std::string(s.message()).c_str());
     } else {

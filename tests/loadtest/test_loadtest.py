@@ -10,7 +10,7 @@ RidgeFill mix; a second one with a queue of 1 takes a burst. Each run's JSON is 
     rejections): the client and server agree on every call;
   * under a burst the rejections are reported by code (RESOURCE_EXHAUSTED);
   * the prefill mix sends both modes, half each, and RIDGEFILL requests filled prompt rows;
-  * CSV has one row per request; --plot_out never fails the run; a remote target is refused.
+  * CSV has one row per request; --plot never fails the run; a remote target is refused.
 """
 
 import csv
@@ -60,9 +60,9 @@ def counter_delta(before, after, name, **labels):
 
 
 def run_loadtest(srv, tmp, name, *args, expect_rc=0):
-    json_out = os.path.join(tmp, f"{name}.json")
-    csv_out = os.path.join(tmp, f"{name}.csv")
-    cmd = [LOADTEST, f"--target={srv.target}", f"--json_out={json_out}", f"--csv_out={csv_out}",
+    json_path = os.path.join(tmp, f"{name}.json")
+    csv_path = os.path.join(tmp, f"{name}.csv")
+    cmd = [LOADTEST, f"--target={srv.target}", f"--json={json_path}", f"--csv={csv_path}",
            *args]
     print("$ " + " ".join(cmd), flush=True)
     t0 = time.monotonic()
@@ -71,9 +71,9 @@ def run_loadtest(srv, tmp, name, *args, expect_rc=0):
     print(done.stderr[-3000:], flush=True)
     print(f"({time.monotonic() - t0:.1f} s)")
     expect_eq(done.returncode, expect_rc, f"{name}: exit code")
-    with open(json_out) as f:
+    with open(json_path) as f:
         report = json.load(f)
-    with open(csv_out) as f:
+    with open(csv_path) as f:
         rows = list(csv.DictReader(f))
     expect_eq(len(rows), len(report["requests"]), f"{name}: CSV rows")
     return report, done
@@ -167,16 +167,17 @@ def main():
                 expect(len(set(sched)) == len(sched), "poisson: arrivals at distinct times")
 
             def gamma():
-                report, _ = measured("gamma", 10, "--arrival=gamma", "--rate=5",
-                                     "--burstiness=0.5", "--num_requests=10",
-                                     "--warmup_requests=0")
+                # No --arrival: --rate with --burstiness != 1 means gamma (DESIGN.md's flags).
+                report, _ = measured("gamma", 10, "--rate=5", "--burstiness=0.5",
+                                     "--num_requests=10", "--warmup_requests=0")
                 expect_eq(report["phases"][0]["burstiness"], 0.5, "gamma: burstiness")
+                expect_eq(report["config"]["arrival"], "gamma", "gamma: arrival inferred")
 
             def sweep():
                 png = os.path.join(tmp, "sweep.png")
                 report, done = measured("sweep", 12, "--arrival=poisson", "--sweep_rates=2,8",
                                         "--num_requests=6", "--warmup_requests=0",
-                                        f"--plot_out={png}")
+                                        f"--plot={png}")
                 if shutil.which("gnuplot"):
                     with open(png, "rb") as f:
                         expect(f.read(8) == b"\x89PNG\r\n\x1a\n", "sweep: plot is not a PNG")
