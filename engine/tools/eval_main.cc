@@ -25,7 +25,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -40,11 +39,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/common/status_macros.h"
-#include "engine/model/gguf.h"
 #include "engine/model/model.h"
-#include "engine/model/safetensors.h"
-#include "engine/ridgefill/map_file.h"
-#include "engine/ridgefill/ridgefill_maps.h"
+#include "engine/ridgefill_load.h"
 #include "engine/sampling/sampler.h"
 #include "engine/tools/eval_ridgefill.h"
 #include "engine/tools/sequence_runner.h"
@@ -293,28 +289,14 @@ class Eval {
   // Loads --maps onto the model and returns the splits to evaluate: --split_layer when given,
   // else every split in the file.
   absl::StatusOr<std::vector<int32_t>> LoadMaps() {
-    const ModelConfig& c = model_->config;
     const std::string maps_path = absl::GetFlag(FLAGS_maps);
     if (maps_path.empty()) return absl::InvalidArgumentError("--maps is required");
     // The map file must have been fitted on this very model (fingerprint of its tensors).
-    const std::string model_path = absl::GetFlag(FLAGS_model);
-    std::unique_ptr<TensorSource> source;
-    std::error_code ec;
-    if (std::filesystem::is_directory(model_path, ec)) {
-      RS_ASSIGN_OR_RETURN(source, SafetensorsModel::Open(model_path));
-    } else {
-      RS_ASSIGN_OR_RETURN(source, GgufFile::Open(model_path));
-    }
-    MapFileExpectations expected;
-    expected.model = ComputeModelFingerprint(*source, c.name, c.num_layers, c.hidden);
-    expected.num_kv_heads = c.num_kv_heads;
-    expected.head_dim = c.head_dim;
-    RS_ASSIGN_OR_RETURN(map_file_, MapFile::Open(maps_path, expected));
-    RS_ASSIGN_OR_RETURN(maps_, RidgeFillMaps::Load(map_file_->maps(), *model_->llama));
-    model_->llama->SetRidgeFillMaps(maps_.get());
-    std::vector<int32_t> splits = maps_->split_layers();
+    RS_ASSIGN_OR_RETURN(maps_, LoadRidgeFillMaps(maps_path, *model_));
+    const RidgeFillMaps& maps = *maps_.maps;
+    std::vector<int32_t> splits = maps.split_layers();
     if (const int32_t s = absl::GetFlag(FLAGS_split_layer); s >= 0) {
-      if (maps_->FindSplit(s) == nullptr) {
+      if (maps.FindSplit(s) == nullptr) {
         return absl::InvalidArgumentError(
             absl::StrCat("--split_layer ", s, ": no maps for it in ", maps_path));
       }
@@ -391,8 +373,7 @@ class Eval {
  private:
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<MapFile> map_file_;
-  std::unique_ptr<RidgeFillMaps> maps_;
+  LoadedRidgeFillMaps maps_;
 };
 
 absl::StatusOr<Json> Run(const std::string& command) {
