@@ -30,7 +30,9 @@ sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "reference"))
 
 import llama_numpy  # noqa: E402
-import tiny_models  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from rf_testlib import kjv_text, tiny_llama3_with_text  # noqa: E402
 
 BIN = os.environ.get("RIDGESERVE_BIN", os.path.join(SOURCE_DIR, "build", "bin"))
 CALIBRATE = os.path.join(BIN, "ridgeserve-calibrate")
@@ -63,16 +65,6 @@ def run(cmd, timeout=900):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def kjv_text(max_bytes):
-    """The KJV from the `bible` tool (scripts/install_deps.sh), first max_bytes bytes."""
-    proc = subprocess.run(
-        ["bible", "-p", "/usr/lib", "gen1:1-rev22:21"], capture_output=True, timeout=300
-    )
-    if proc.returncode != 0 or len(proc.stdout) < max_bytes:
-        raise RuntimeError(f"bible failed ({proc.returncode}): {proc.stderr[:300]!r}")
-    return proc.stdout[:max_bytes].decode("utf-8", errors="ignore")
-
-
 def parse_map_file(path):
     """The map file per engine/ridgefill/map_file.h (version 1)."""
     data = open(path, "rb").read()
@@ -102,7 +94,7 @@ def parse_map_file(path):
          "kind": kind, "splits": []}
     for _ in range(num_splits):
         split, count, lev_lambda, _zero = take("IIfI")
-        lev_inv, lev_mean = array(), array()
+        lev_inv, _lev_mean = array(), array()
         targets = []
         for _ in range(count):
             layer, out_dim, lam, r2, kc, vc, knr, ac = take("IIffffff")
@@ -116,15 +108,7 @@ def parse_map_file(path):
 
 def check_tiny(tmp):
     print("tiny_llama3: fixed-λ map against a NumPy float64 ridge solve")
-    spec = next(s for s in tiny_models.SPECS if s.name == "tiny_llama3")
-    written = tiny_models.write_model(spec, os.path.join(tmp, "models"))
-    from tokenizers import Tokenizer
-
-    text = kjv_text(12000)
-    text_path = os.path.join(tmp, "tiny.txt")
-    with open(text_path, "w") as f:
-        f.write(text)
-    ids = Tokenizer.from_file(os.path.join(written.hf_dir, "tokenizer.json")).encode(text).ids
+    written, text_path, ids = tiny_llama3_with_text(tmp)
     window, sink, max_tokens, every = 128, 4, 1280, 10
     ids = ids[:max_tokens]
     assert len(ids) == max_tokens, len(ids)

@@ -16,21 +16,19 @@ each --map_target, with --key_scale on and a fixed λ:
 Exits nonzero on failure.
 """
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
 import numpy as np
 
 sys.dont_write_bytecode = True
-from rf_testlib import BIN, SOURCE_DIR, expect, finish, last_json, run  # noqa: E402
+from rf_testlib import (BIN, SOURCE_DIR, expect, finish, last_json, run,  # noqa: E402
+                        tiny_llama3_with_text)
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "reference"))
 import llama_numpy  # noqa: E402
-import tiny_models  # noqa: E402
-from calibrate_test import kjv_text, parse_map_file  # noqa: E402
+from calibrate_test import parse_map_file  # noqa: E402
 
 PROMPT_TEXT = "/usr/share/common-licenses/GPL-3"
 WINDOW, SINK, MAX_TOKENS, EVERY = 128, 4, 1280, 10
@@ -177,15 +175,7 @@ def check_kind(kind, tmp, written, ref, ids, text_path):
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        spec = next(s for s in tiny_models.SPECS if s.name == "tiny_llama3")
-        written = tiny_models.write_model(spec, os.path.join(tmp, "models"))
-        from tokenizers import Tokenizer
-
-        text = kjv_text(12000)
-        text_path = os.path.join(tmp, "tiny.txt")
-        with open(text_path, "w") as f:
-            f.write(text)
-        ids = Tokenizer.from_file(os.path.join(written.hf_dir, "tokenizer.json")).encode(text).ids
+        written, text_path, ids = tiny_llama3_with_text(tmp)
         ids = ids[:MAX_TOKENS]
         assert len(ids) == MAX_TOKENS, len(ids)
         ref = llama_numpy.load_model(written.hf_dir)

@@ -11,12 +11,12 @@ Exits nonzero on failure.
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 
 sys.dont_write_bytecode = True
-from rf_testlib import BIN, MODEL, expect, finish, last_json, run  # noqa: E402
+from rf_testlib import (BIN, MODEL, calibrate_genesis_maps, expect, finish,  # noqa: E402
+                        last_json, run)
 
 TEXT = "/usr/share/common-licenses/GPL-3"
 SPLIT = 14
@@ -24,13 +24,7 @@ LENGTH = 512
 
 def main():
     with tempfile.TemporaryDirectory() as tmp:
-        kjv = os.path.join(tmp, "kjv.txt")
-        with open(kjv, "w") as f:
-            subprocess.run(["bible", "-p", "/usr/lib", "gen1:1-gen10:32"], stdout=f, check=True)
-        maps = os.path.join(tmp, "maps.rfmap")
-        subprocess.run([os.path.join(BIN, "ridgeserve-calibrate"), "--model", MODEL, "--text", kjv,
-                        "--split_layers", str(SPLIT), "--out", maps, "--max_tokens", "2048",
-                        "--window", "1024"], check=True, capture_output=True)
+        maps = calibrate_genesis_maps(tmp, [SPLIT])
         evalbin = os.path.join(BIN, "ridgeserve-eval")
         common = ["--model", MODEL, "--maps", maps, "--split_layer", str(SPLIT)]
 

@@ -26,7 +26,7 @@ import tempfile
 import grpc
 from grpc_health.v1 import health_pb2
 
-from rs_testlib import (CLI_BIN, MODEL, SC, Checks, FinishReason, Server, expect, expect_eq,
+from rs_testlib import (CLI_BIN, MODEL, SC, Checks, Server, expect, expect_eq,
                         finish_name, greedy_request, license_text, pb, run_stream, run_unary)
 
 KV_TOKENS = 4096
