@@ -53,6 +53,12 @@ void PrintSummary(const v1::GenerateResponse& r) {
                r.request_id().c_str(), v1::FinishReason_Name(r.finish_reason()).c_str(),
                r.usage().prompt_tokens(), r.usage().completion_tokens(), r.timing().ttft_seconds(),
                r.timing().e2e_seconds());
+  if (r.usage().filled_prompt_tokens() > 0) {
+    std::fprintf(stderr,
+                 "RidgeFill: %d prompt tokens filled, %d exact | estimated ttft saved %.3f s\n",
+                 r.usage().filled_prompt_tokens(), r.usage().exact_prompt_tokens(),
+                 r.timing().estimated_ttft_saved_seconds());
+  }
 }
 
 }  // namespace
