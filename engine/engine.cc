@@ -44,7 +44,8 @@ struct Engine::Impl {
     std::optional<Clock::time_point> first_token;
     // RidgeFill (split_layer < 0: exact).
     int32_t split_layer = -1;
-    int32_t filled_prompt_tokens = 0;
+    int32_t filled_prompt_tokens = 0;  // planned, less the rows the leverage test promoted
+    std::vector<uint8_t> promoted;     // per prompt position (recomputes promote them again)
     double estimated_saved_seconds = 0;
   };
 
@@ -197,11 +198,13 @@ void Engine::Impl::Step() {
   ForwardBatch batch;
   // RidgeFill: filled rows per chunk (their split is the request's).
   std::vector<int32_t> filled_in_chunk(plan.chunks.size(), 0);
+  std::vector<int32_t> chunk_row(plan.chunks.size(), 0);  // the chunk's first batch row
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
     const ScheduledChunk& chunk = plan.chunks[i];
     SchedRequest& r = *chunk.request;
     Live& l = live.at(r.id);
     if (!l.first_scheduled) l.first_scheduled = start;
+    chunk_row[i] = batch.num_rows();
     batch.AddSequence(r.blocks, block_size, std::span(r.tokens).subspan(chunk.start, chunk.count),
                       chunk.start, chunk.sample);
     const int32_t fill_end =
@@ -220,6 +223,18 @@ void Engine::Impl::Step() {
   ForwardProfile profile;
   absl::Status status = model.llama->Forward(batch, *cache, logits, nullptr,
                                              batch.fill_split.empty() ? nullptr : &profile);
+  for (int32_t row : profile.promoted_rows) {
+    const size_t i =
+        std::upper_bound(chunk_row.begin(), chunk_row.end(), row) - chunk_row.begin() - 1;
+    --filled_in_chunk[i];
+    Live& l = live.at(plan.chunks[i].request->id);
+    const int32_t pos = plan.chunks[i].start + (row - chunk_row[i]);
+    if (l.promoted.empty()) l.promoted.resize(l.prompt_tokens, 0);
+    if (l.promoted[pos] == 0) {
+      l.promoted[pos] = 1;
+      --l.filled_prompt_tokens;
+    }
+  }
   for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
     if (filled_in_chunk[i] == 0) continue;
     Live& l = live.at(plan.chunks[i].request->id);

@@ -44,6 +44,9 @@ ABSL_FLAG(int32_t, ridgefill_sink_tokens, 4,
           "RidgeFill: first prompt tokens that always run exactly (attention sinks)");
 ABSL_FLAG(int32_t, ridgefill_min_prompt_tokens, 0,
           "RidgeFill: prompts shorter than this run exactly");
+ABSL_FLAG(double, ridgefill_max_leverage, 0,
+          "RidgeFill: filled rows whose split-layer state has a leverage above this under the "
+          "calibration Gram run exactly (0: off; see README)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port (0: pick a free one; the log says which)");
 ABSL_FLAG(int32_t, metrics_port, 9400,
@@ -180,6 +183,8 @@ absl::Status Serve(ShutdownSignal& signals) {
   if (const std::string maps_path = absl::GetFlag(FLAGS_ridgefill_maps); !maps_path.empty()) {
     RS_ASSIGN_OR_RETURN(ridgefill, LoadRidgeFillMaps(maps_path, *model));
     options.ridgefill_split_layers = ridgefill.maps->split_layers();
+    model->llama->SetRidgeFillMaxLeverage(
+        static_cast<float>(absl::GetFlag(FLAGS_ridgefill_max_leverage)));
     std::sort(options.ridgefill_split_layers.begin(), options.ridgefill_split_layers.end());
     options.default_split_layer = absl::GetFlag(FLAGS_default_split_layer);
     if (options.default_split_layer < 0) {

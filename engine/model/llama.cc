@@ -62,6 +62,7 @@ void LlamaModel::EnsureWorkspace(int32_t rows, int32_t table_entries) {
     gate_up_ = floats(int64_t{rows} * 2 * config_.ffn);
     act_ = floats(int64_t{rows} * config_.ffn);
     tokens_ = ints(rows);
+    perm_ = ints(rows);
     positions_ = ints(rows);
     seq_ = ints(rows);
     slots_ = ints(rows);
@@ -126,6 +127,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   ForwardBatch reordered;
   std::vector<FillGroup> groups;
   int32_t num_exact = n;
+  std::vector<int32_t> order;  // input row of each reordered row
   if (any_fill) {
     if (capture != nullptr) {
       return absl::InvalidArgumentError("forward: capture with RidgeFill rows is not supported");
@@ -137,7 +139,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
       const int32_t s = input.fill_split[row];
       return s < 0 ? std::numeric_limits<int32_t>::max() : s;
     };
-    std::vector<int32_t> order(n);
+    order.resize(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return key(a) > key(b); });
@@ -187,7 +189,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
 
   const ModelConfig& c = config_;
   const int32_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
-  float* x = x_.as<float>();
+  float* x = x_.as<float>();  // reassigned when leverage promotion permutes the rows
   float* xn = xn_.as<float>();
   float* qkv = qkv_.as<float>();
   float* proj = proj_.as<float>();
@@ -218,6 +220,12 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   for (int32_t l = 0; l < c.num_layers; ++l) {
     if (timed && l <= lowest_split) full_seconds -= Now();
     if (capture != nullptr) capture_at(l);
+    for (size_t gi = 0; max_leverage_ > 0 && gi < groups.size(); ++gi) {
+      if (groups[gi].split + 1 == l) {
+        PromoteOutliers(gi, groups, num_exact, reordered, order, profile);
+        x = x_.as<float>();  // the rows were permuted into a fresh buffer
+      }
+    }
     const LayerWeights& w = weights_.layers[l];
     const KvLayerView kv = cache.layer(l);
     // Rows running this layer in full: exact rows and filled rows whose split is >= l.
@@ -229,6 +237,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
         na += g.count;
         continue;
       }
+      if (g.count == 0) continue;
       if (timed) fill_seconds[&g - groups.data()] -= Now();
       WriteFilledKv(l, g, kv);
       if (timed) fill_seconds[&g - groups.data()] += Now();
@@ -287,6 +296,64 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
                   nullptr, logits_.as<float>());
   backend_.CopyToHost(logits.data(), logits_.as<void>(), sizeof(float) * logits.size());
   return absl::OkStatus();
+}
+
+void LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int32_t& num_exact,
+                                 ForwardBatch& batch, std::vector<int32_t>& order,
+                                 ForwardProfile* profile) {
+  FillGroup& g = groups[gi];
+  const RidgeFillSplitMaps& maps = *g.maps;
+  const int32_t hidden = config_.hidden;
+  if (maps.leverage_inverse.bytes() == 0 || g.count == 0) return;
+  // leverage = (h − μ) · (M h − M μ), with M h − M μ from one GEMM on the backend.
+  const float* h_s = x_.as<float>() + static_cast<size_t>(g.begin) * hidden;
+  backend_.MatMul(h_s, g.count, hidden, maps.leverage_inverse.as<float>(), hidden,
+                  maps.leverage_bias.as<float>(), proj_.as<float>());
+  std::vector<float> h(static_cast<size_t>(g.count) * hidden), y(h.size());
+  backend_.CopyToHost(h.data(), h_s, sizeof(float) * h.size());
+  backend_.CopyToHost(y.data(), proj_.as<float>(), sizeof(float) * y.size());
+  std::vector<int32_t> promoted, kept;
+  for (int32_t i = 0; i < g.count; ++i) {
+    double leverage = 0;
+    for (int32_t j = 0; j < hidden; ++j) {
+      leverage +=
+          (static_cast<double>(h[static_cast<size_t>(i) * hidden + j]) - maps.leverage_mean[j]) *
+          y[static_cast<size_t>(i) * hidden + j];
+    }
+    (leverage > max_leverage_ ? promoted : kept).push_back(g.begin + i);
+  }
+  if (promoted.empty()) return;
+  // Rotate rows [num_exact, g.begin + count): promoted rows join the exact prefix, the groups
+  // of higher splits (still running full layers) move up behind them, the kept rows stay last.
+  const int32_t n = batch.num_rows();
+  const int32_t p = static_cast<int32_t>(promoted.size());
+  std::vector<int32_t> perm(n);  // new row i comes from old row perm[i]
+  std::iota(perm.begin(), perm.end(), 0);
+  int32_t next = num_exact;
+  for (int32_t r : promoted) perm[next++] = r;
+  for (int32_t r = num_exact; r < g.begin; ++r) perm[next++] = r;
+  for (int32_t r : kept) perm[next++] = r;
+  backend_.CopyToDevice(perm_.as<void>(), perm.data(), sizeof(int32_t) * n);
+  backend_.GatherRows(x_.as<float>(), hidden, perm_.as<int32_t>(), n, head_in_.as<float>());
+  std::swap(x_, head_in_);
+  auto permute = [&](std::vector<int32_t>& v, const DeviceBuffer* device) {
+    std::vector<int32_t> old = v;
+    for (int32_t i = 0; i < n; ++i) v[i] = old[perm[i]];
+    if (device != nullptr) {
+      backend_.CopyToDevice(device->as<void>(), v.data(), sizeof(int32_t) * n);
+    }
+  };
+  permute(batch.positions, &positions_);
+  permute(batch.seq, &seq_);
+  permute(batch.slots, &slots_);
+  permute(order, nullptr);
+  if (profile != nullptr) {
+    for (int32_t i = num_exact; i < num_exact + p; ++i) profile->promoted_rows.push_back(order[i]);
+  }
+  num_exact += p;
+  for (size_t k = 0; k < gi; ++k) groups[k].begin += p;
+  g.begin += p;
+  g.count -= p;
 }
 
 }  // namespace ridgeserve

@@ -69,7 +69,10 @@ struct ForwardProfile {
     double seconds = 0;  // writing these rows' K/V in layers > split
   };
   double full_layer_row_seconds = 0;  // mean seconds of one row through one full layer
-  std::vector<Fill> fills;            // one per split present in the batch
+  std::vector<Fill> fills;            // one per split present in the batch (rows still filled)
+  // Filled rows the leverage test ran exactly after all (batch row indices; see
+  // LlamaModel::SetRidgeFillMaxLeverage). Not counted in `fills`.
+  std::vector<int32_t> promoted_rows;
 
   // Estimated seconds saved per filled row of `split_layer`: the num_layers - 1 - split full
   // layers it skipped, less its share of the measured fill work. 0 if the split is absent.
@@ -90,6 +93,11 @@ class LlamaModel {
   // Not owned; must outlive every Forward that uses them and live on this model's backend.
   void SetRidgeFillMaps(const RidgeFillMaps* maps) { ridgefill_maps_ = maps; }
   const RidgeFillMaps* ridgefill_maps() const { return ridgefill_maps_; }
+  // Leverage-based row selection (DESIGN.md): a filled row whose h_s has leverage
+  // (h_s − μ)ᵀ (G + λI)⁻¹ (h_s − μ) above `max_leverage` under its split's calibration Gram G
+  // runs every layer exactly instead (it lies far outside what the map was fitted on). 0 turns
+  // it off; maps without leverage data never promote.
+  void SetRidgeFillMaxLeverage(float max_leverage) { max_leverage_ = max_leverage; }
 
   // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host). With
   // `capture`, also copies the residual stream at capture->depths (see ForwardCapture).
@@ -111,6 +119,11 @@ class LlamaModel {
   // Writes layer `layer`'s K/V for a group's filled rows (layer > g.split) into `kv`: from the
   // exact h_s at layer s + 1, from the RidgeFill map's prediction above (llama_fill.cc).
   void WriteFilledKv(int32_t layer, const FillGroup& g, const KvLayerView& kv);
+  // Leverage-based row selection for groups[gi] at layer split + 1: its rows whose h_s is an
+  // outlier join the exact rows (rows permuted on the backend and in `batch`/`order`, group
+  // bounds and num_exact updated); their input rows are added to profile->promoted_rows.
+  void PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int32_t& num_exact,
+                       ForwardBatch& batch, std::vector<int32_t>& order, ForwardProfile* profile);
 
   // Scratch for `rows` rows; grows on demand.
   void EnsureWorkspace(int32_t rows, int32_t num_seqs_x_blocks);
@@ -119,6 +132,7 @@ class LlamaModel {
   ModelWeights weights_;
   Backend& backend_;
   const RidgeFillMaps* ridgefill_maps_ = nullptr;
+  float max_leverage_ = 0;
 
   int32_t capacity_rows_ = 0;
   int32_t capacity_table_ = 0;
@@ -132,7 +146,8 @@ class LlamaModel {
   DeviceBuffer act_;                                            // [rows, ffn]
   DeviceBuffer tokens_, positions_, seq_, slots_, logit_rows_;  // int32 [rows]
   DeviceBuffer tables_;                                         // int32 [num_seqs * max_blocks]
-  DeviceBuffer head_in_;  // [rows, hidden] rows gathered for the LM head
+  DeviceBuffer head_in_;  // [rows, hidden] rows gathered for the LM head; scratch before that
+  DeviceBuffer perm_;     // int32 [rows]: row permutation (leverage promotion)
   DeviceBuffer logits_;   // [logit rows, vocab]
 };
 

@@ -79,6 +79,19 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
     out.split_layer = s;
     out.folded = folded;
     out.by_layer.resize(config.num_layers);
+    if (!split.leverage_inverse.empty()) {
+      const std::vector<float> inverse(split.leverage_inverse.begin(),
+                                       split.leverage_inverse.end());
+      out.leverage_mean.assign(split.leverage_mean.begin(), split.leverage_mean.end());
+      std::vector<float> bias(hidden, 0.0f);  // −M μ
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, hidden, hidden, -1.0f, inverse.data(), hidden,
+                  out.leverage_mean.data(), 1, 0.0f, bias.data(), 1);
+      out.leverage_inverse = Upload(backend, inverse);
+      out.leverage_bias = Upload(backend, bias);
+      if (out.leverage_inverse.as<void>() == nullptr || out.leverage_bias.as<void>() == nullptr) {
+        return absl::ResourceExhaustedError("ridgefill: cannot allocate leverage buffers");
+      }
+    }
     std::vector<bool> seen(config.num_layers, false);
     for (const TargetMap& t : split.targets) {
       if (t.layer < s + 2 || t.layer >= config.num_layers || seen[t.layer]) {

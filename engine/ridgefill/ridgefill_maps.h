@@ -55,6 +55,12 @@ struct RidgeFillLayerMap {
 struct RidgeFillSplitMaps {
   int32_t split_layer = 0;
   bool folded = false;  // post_norm or kv: K/V come from kv_weight applied to h_s
+  // Outlier-row test (empty when the file has none): leverage(h) = (h − μ)ᵀ M (h − μ), with
+  // M = (G + λI)⁻¹ of the split's centred calibration Gram, computed as
+  // (h − μ) · (M h + leverage_bias) where leverage_bias = −M μ. [hidden, hidden], [hidden].
+  DeviceBuffer leverage_inverse;
+  DeviceBuffer leverage_bias;
+  std::vector<float> leverage_mean;  // μ, host
   // by_layer[l] for l in [s + 2, num_layers); entries below s + 2 are empty.
   std::vector<RidgeFillLayerMap> by_layer;
 };

@@ -80,6 +80,8 @@ ABSL_FLAG(int32_t, windows, 1, "distant-loss: consecutive windows of --text to a
 ABSL_FLAG(double, distant_threshold_nats, 1.0,
           "distant-loss: a tail token is distant-dependent when its NLL with the full context "
           "is lower than with the tail alone by more than this");
+ABSL_FLAG(double, max_leverage, 0,
+          "RidgeFill: run filled rows whose leverage exceeds this exactly (0: off)");
 ABSL_FLAG(bool, per_layer, false, "splice: also splice exact K and V into one layer at a time");
 ABSL_FLAG(std::string, tails, "512,1024,2048", "pareto: exact tail lengths to evaluate");
 
@@ -293,6 +295,7 @@ class Eval {
     if (maps_path.empty()) return absl::InvalidArgumentError("--maps is required");
     // The map file must have been fitted on this very model (fingerprint of its tensors).
     RS_ASSIGN_OR_RETURN(maps_, LoadRidgeFillMaps(maps_path, *model_));
+    model_->llama->SetRidgeFillMaxLeverage(static_cast<float>(absl::GetFlag(FLAGS_max_leverage)));
     const RidgeFillMaps& maps = *maps_.maps;
     std::vector<int32_t> splits = maps.split_layers();
     if (const int32_t s = absl::GetFlag(FLAGS_split_layer); s >= 0) {

@@ -385,7 +385,8 @@ absl::StatusOr<Json> RunTtft(Model& model, const TtftOptions& o) {
                          {"ridgefill_seconds", ridgefill},
                          {"speedup", exact / ridgefill},
                          {"measured_saved_seconds", exact - ridgefill},
-                         {"estimated_saved_seconds", estimated}});
+                         {"estimated_saved_seconds", estimated},
+                         {"promoted_rows", runner.promoted_rows()}});
     }
   }
   return Json{{"results", results},

@@ -31,6 +31,7 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
       table_.Reserve(cache_.pool(), length_ + static_cast<int32_t>(tokens.size()), block_size));
   logits.clear();
   estimated_saved_seconds_ = 0;
+  promoted_rows_ = 0;
   for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
     const size_t count = std::min<size_t>(chunk, tokens.size() - begin);
     ForwardBatch batch;
@@ -52,7 +53,9 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
                                       fill != nullptr ? &profile : nullptr));
     if (fill != nullptr) {
       const auto filled = std::count_if(batch.fill_split.begin(), batch.fill_split.end(),
-                                        [](int32_t s) { return s >= 0; });
+                                        [](int32_t s) { return s >= 0; }) -
+                          static_cast<int64_t>(profile.promoted_rows.size());
+      promoted_rows_ += static_cast<int32_t>(profile.promoted_rows.size());
       estimated_saved_seconds_ +=
           filled * profile.SavedSecondsPerRow(fill->split_layer, model_.config().num_layers);
     }

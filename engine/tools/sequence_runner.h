@@ -47,6 +47,8 @@ class SequenceRunner {
   // RidgeFill: the last Append's estimated seconds saved by its filled rows, from the layer
   // timings of its own forward passes (ForwardProfile); 0 without fill.
   double estimated_saved_seconds() const { return estimated_saved_seconds_; }
+  // RidgeFill: the last Append's filled rows that the leverage test ran exactly instead.
+  int32_t promoted_rows() const { return promoted_rows_; }
 
  private:
   LlamaModel& model_;
@@ -54,6 +56,7 @@ class SequenceRunner {
   BlockTable table_;
   int32_t length_ = 0;
   double estimated_saved_seconds_ = 0;
+  int32_t promoted_rows_ = 0;
   std::vector<float> chunk_logits_;
 };
 

@@ -12,6 +12,8 @@ Checks, each against the server's own exact path or the map file's contents:
     reverse), but repeats of the same RidgeFill request do hit it;
   * bad RidgeFill parameters: unknown split → FAILED_PRECONDITION naming it; a span past the
     prompt → INVALID_ARGUMENT naming the field; a server without maps → FAILED_PRECONDITION;
+  * leverage-based row selection: a threshold below every row's leverage gives exact tokens
+    with nothing filled; a moderate one fills only part of the planned rows;
   * a truncated map file stops the server at start with one line naming the file;
   * afterwards every KV block is free again.
 """
@@ -65,6 +67,24 @@ def check_prefix_cache(srv, p, q, split):
     expect_eq(e.usage.cached_prompt_tokens, 0, "exact request reused RidgeFill blocks")
 
 
+def check_leverage(p, split):
+    """Leverage-based row selection: a threshold below every row's leverage runs every filled
+    row exactly (tokens equal exact, nothing filled); a moderate one runs only some of them."""
+    with Server("--ridgefill_maps", MAPS, "--ridgefill_max_leverage=1e-30",
+                "--enable_prefix_caching=false", name="leverage_all") as srv:
+        exact = ok(srv, exact_request(p))
+        r = ok(srv, ridgefill_request(p, 48, split))
+        expect_eq(list(r.token_ids), list(exact.token_ids), "every row promoted: tokens")
+        expect_eq(r.usage.filled_prompt_tokens, 0, "every row promoted: filled rows")
+    with Server("--ridgefill_maps", MAPS, "--ridgefill_max_leverage=0.2",
+                "--enable_prefix_caching=false", name="leverage_some") as srv:
+        r = ok(srv, ridgefill_request(p, 48, split))
+        planned = len(p) - 48 - SINKS
+        expect(0 < r.usage.filled_prompt_tokens < planned,
+               f"leverage 0.2: {r.usage.filled_prompt_tokens} of {planned} rows filled")
+        expect(r.timing.estimated_ttft_saved_seconds > 0, "leverage 0.2: saved seconds")
+
+
 def main():
     expect(os.path.exists(MAPS), f"{MAPS} is missing: run `make maps` first")
     checks = Checks("ridgefill serving")
@@ -76,6 +96,7 @@ def main():
         ids = srv.tokenize(text[:70000], add_special_tokens=True)
         expect(len(ids) > 12400, f"license text gave only {len(ids)} tokens")
         prompts = [ids[:700], ids[3000:3650], ids[6000:6500], ids[9000:9800]]
+        prompts_for_leverage = [ids[1000:1600]]
         info = srv.info()
         splits = list(info.ridgefill_split_layers)
         state = {}
@@ -162,6 +183,8 @@ def main():
         checks.run("bad parameters", bad_parameters)
         checks.run("blocks freed", lambda: srv.wait_idle(srv.stats().kv_cache_blocks_total,
                                                          what="after RidgeFill"))
+
+    checks.run("leverage row selection", check_leverage, prompts_for_leverage[0], 14)
 
     with Server(name="no_maps") as plain:
         def refused_without_maps():
