@@ -57,9 +57,9 @@ struct TokenEvent {
   // the prompt, which ran every layer. Exact requests: filled 0, exact = prompt_tokens.
   int32_t filled_prompt_tokens = 0;
   int32_t exact_prompt_tokens = 0;
-  int32_t split_layer = -1;           // RidgeFill split used; -1 for exact requests
-  int64_t skipped_layer_tokens = 0;   // sum over filled rows of the layers they skipped
-  RequestTiming timing;               // ttft set from the first token on; the rest when finished
+  int32_t split_layer = -1;          // RidgeFill split used; -1 for exact requests
+  int64_t skipped_layer_tokens = 0;  // sum over filled rows of the layers they skipped
+  RequestTiming timing;              // ttft set from the first token on; the rest when finished
 };
 
 using EventCallback = std::function<void(const TokenEvent&)>;
