@@ -284,11 +284,24 @@ def run_checks(checks, srv, prom, text):
             (None, spec, True, SC.FAILED_PRECONDITION),
         ]
         cancel_result = {}
+        call_ = None
+
+        def cancel_once_scraped(r):
+            # Runs while this stream is generating: cancel it once a scrape has seen
+            # a running request, so the gauge check below does not race the scrape.
+            if not r.token_ids:
+                return
+            deadline = time.monotonic() + 20.0
+            while (time.monotonic() < deadline and
+                   (prom.value("max_over_time(ridgeserve_num_requests_running[1m])") or 0) < 1):
+                time.sleep(0.2)
+            call_.cancel()
 
         def cancelled_stream():
             # Cancelled by the client after its first token: finish_reason aborted.
+            nonlocal call_
             call_ = srv.stub.GenerateStream(request(short[1], max_new_tokens=400), timeout=300)
-            r = consume_stream(call_, on_message=lambda r: r.token_ids and call_.cancel())
+            r = consume_stream(call_, on_message=cancel_once_scraped)
             cancel_result["code"] = r.code
             cancel_result["tokens"] = len(r.token_ids)
 
