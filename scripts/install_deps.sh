@@ -7,7 +7,7 @@ packages=(
   libopenblas-dev libpcre2-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev prometheus
-  python3-venv unzip bible-kjv
+  python3-venv unzip bible-kjv jargon-text
 )
 missing=()
 for p in "${packages[@]}"; do
