@@ -1,7 +1,7 @@
 """Preemption by recompute keeps greedy outputs unchanged.
 
 The server gets a KV cache far too small for 32 requests at once (--kv_cache_tokens 1024 = 64
-blocks of 16; each request here needs up to ~12 blocks) and a small step budget
+blocks of 16; each request here needs up to ~14 blocks) and a small step budget
 (--max_batch_tokens 256). Checks:
   * each of 32 requests run alone (unary, one after another) gives a baseline;
   * all 32 sent at once as streams complete, token-identical to their baselines;
@@ -33,9 +33,11 @@ def main():
         for i in range(32):
             n = rng.randint(16, 160)
             start = rng.randrange(0, len(corpus) - n)
-            # ignore_eos: every request decodes its full length, so KV demand keeps growing.
+            # ignore_eos: every request decodes its full length, so KV demand keeps growing;
+            # 2-4 block boundaries per decode make running out of blocks a certainty rather than
+            # a matter of timing (admission fills the cache with prompts first).
             reqs.append((f"r{i}_p{n}", dict(token_ids=corpus[start:start + n],
-                                            max_new_tokens=rng.randint(8, 24), ignore_eos=True)))
+                                            max_new_tokens=rng.randint(32, 64), ignore_eos=True)))
         baselines = {}
 
         def alone():
