@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -56,13 +57,10 @@ struct Engine::Impl {
     Clock::time_point arrival;
   };
 
-  Impl(Model& m, const EngineOptions& o) : model(m), options(o) {
-    const ModelConfig& c = model.config;
+  Impl(Model& m, const EngineOptions& o, PagedKvCache kv)
+      : model(m), options(o), cache(std::make_unique<PagedKvCache>(std::move(kv))) {
     const int32_t block_size = options.scheduler.block_size;
-    const int32_t num_blocks = (options.kv_cache_tokens + block_size - 1) / block_size;
-    cache = std::make_unique<PagedKvCache>(
-        model.llama->backend(),
-        KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, block_size, num_blocks});
+    const int32_t num_blocks = cache->shape().num_blocks;
     scheduler = std::make_unique<Scheduler>(options.scheduler, cache->pool());
     published.kv_blocks_total = num_blocks;
     published.kv_blocks_free = num_blocks;
@@ -335,7 +333,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
   if (options.scheduler.max_batch_tokens < 1) {
     return absl::InvalidArgumentError("max_batch_tokens must be positive");
   }
-  auto impl = std::make_unique<Impl>(model, options);
+  const ModelConfig& c = model.config;
+  const int32_t block_size = options.scheduler.block_size;
+  const int32_t num_blocks = static_cast<int32_t>(
+      std::min<int64_t>((int64_t{options.kv_cache_tokens} + block_size - 1) / block_size,
+                        std::numeric_limits<int32_t>::max()));
+  absl::StatusOr<PagedKvCache> cache = PagedKvCache::Create(
+      model.llama->backend(),
+      KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, block_size, num_blocks});
+  if (!cache.ok()) return cache.status();
+  auto impl = std::make_unique<Impl>(model, options, *std::move(cache));
   Impl* raw = impl.get();
   raw->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));

@@ -1,6 +1,9 @@
-// The compute backend interface: memory and the ops of a Llama-family forward pass. The CPU
-// backend (kernels/cpu) is a full implementation; a CUDA backend implements the same
-// interface. Pointers passed to ops are backend memory (host memory on CPU).
+// The compute backend interface (Backend v2): memory, weights packed by the backend, and the
+// ops of a Llama-family forward pass. The CPU backend (kernels/cpu) is a full implementation;
+// a CUDA backend implements the same interface. Pointers passed to ops are backend memory
+// (host memory on CPU). The model names shapes; the backend owns the layout of what it
+// computes on: a weight is handed over once as stored rows (HostTensor, any DType the readers
+// produce) and comes back as an opaque Weight that only Linear, Embed and UnpackWeight read.
 //
 // Batch invariance: every op computes each row with a reduction order that does not depend
 // on how many other rows are in the call or where the row sits in it, so a request's results
@@ -14,7 +17,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
+
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
 
 namespace ridgeserve {
 
@@ -41,6 +48,49 @@ class DeviceBuffer {
  private:
   Backend* backend_ = nullptr;
   void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A host view of a stored 2-D tensor: `rows` rows of `cols` elements of `dtype`, row r at
+// data + r * row_bytes (block formats hold whole blocks per row). Views select the part a
+// caller wants without copying (a tensor-parallel rank takes only its shard of an mmapped
+// file this way).
+struct HostTensor {
+  const uint8_t* data = nullptr;
+  DType dtype = DType::kF32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+
+  // Rows [begin, begin + count).
+  HostTensor Rows(int64_t begin, int64_t count) const;
+  // Columns [begin, begin + count); InvalidArgument unless both are whole blocks of dtype.
+  absl::StatusOr<HostTensor> Cols(int64_t begin, int64_t count) const;
+};
+
+// A weight matrix [rows, cols] (PyTorch Linear layout: rows are output features) in a
+// backend's own packed layout. Only the backend that packed it may read it.
+class WeightStorage {
+ public:
+  virtual ~WeightStorage() = default;
+};
+
+class Weight {
+ public:
+  Weight() = default;
+  Weight(std::unique_ptr<WeightStorage> storage, int64_t rows, int64_t cols, size_t bytes)
+      : storage_(std::move(storage)), rows_(rows), cols_(cols), bytes_(bytes) {}
+
+  bool empty() const { return storage_ == nullptr; }
+  int64_t rows() const { return rows_; }
+  int64_t cols() const { return cols_; }
+  size_t bytes() const { return bytes_; }  // resident bytes on the backend
+  const WeightStorage* storage() const { return storage_.get(); }
+
+ private:
+  std::unique_ptr<WeightStorage> storage_;
+  int64_t rows_ = 0;
+  int64_t cols_ = 0;
   size_t bytes_ = 0;
 };
 
@@ -72,19 +122,29 @@ class Backend {
   virtual std::string_view name() const = 0;
 
   // --- memory ---------------------------------------------------------------------------
-  // Uninitialized memory, 64-byte aligned on the CPU. Returns an empty buffer (null data)
-  // when bytes == 0 or the memory cannot be allocated.
-  virtual DeviceBuffer Alloc(size_t bytes) = 0;
+  // Uninitialized memory, 64-byte aligned on the CPU; an empty buffer when bytes == 0.
+  // ResourceExhausted naming the byte count when it cannot be allocated.
+  virtual absl::StatusOr<DeviceBuffer> Alloc(size_t bytes) = 0;
   virtual void FreeRaw(void* data) = 0;  // called by DeviceBuffer
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   // Waits for queued work (no-op on CPU).
   virtual void Synchronize() = 0;
 
+  // --- weights ----------------------------------------------------------------------------
+  // Packs `parts` stacked along rows (all with the same cols) into one weight. Each part keeps
+  // its values exactly as DequantizeRow gives them (the CPU keeps the stored blocks; a GPU
+  // backend may convert, and says so in its header). Unimplemented for a DType the backend
+  // cannot compute with, naming the type.
+  virtual absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) = 0;
+  // Rows [row_begin, row_begin + rows) of `w` as f32 on the host, [rows, w.cols()]: the values
+  // Linear multiplies by (offline tools read projections back this way).
+  virtual absl::Status UnpackWeight(const Weight& w, int64_t row_begin, int64_t rows,
+                                    float* host) = 0;
+
   // --- ops (shapes in elements; `ld` is the row stride) -----------------------------------
-  // out[i, :] = table[ids[i], :]; table [vocab, dim].
-  virtual void Embed(const float* table, int32_t dim, const int32_t* ids, int32_t n,
-                     float* out) = 0;
+  // out[i, :] = table[ids[i], :] as f32; table [vocab, dim] packed by this backend.
+  virtual void Embed(const Weight& table, const int32_t* ids, int32_t n, float* out) = 0;
   // out[i, :] = x[i, :] / rms(x[i, :]) * w; x, out [n, dim] (may alias). CPU: the sum of
   // squares is accumulated in double (fixed order), r = float(1 / sqrt(sum / dim + eps)) in
   // double, then out = (x * r) * w in float.
@@ -94,10 +154,16 @@ class Backend {
   // (Qwen3 QK-norm), with RmsNorm's arithmetic. x rows are `ld` apart.
   virtual void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
                             const float* w, float eps) = 0;
-  // y[n, m] = x[n, k] · wᵀ (+ bias, added after the product); w [m, k] row-major (PyTorch
-  // Linear layout). A row's bits do not depend on n or on the row's place in x.
-  virtual void MatMul(const float* x, int32_t n, int32_t k, const float* w, int32_t m,
-                      const float* bias, float* y) = 0;
+  // y[n, rows] = x[n, w.cols()] · w[row_begin : row_begin + rows, :]ᵀ (+ bias[rows], added
+  // after the product). Element (i, j) depends only on row i of x and row j of w: not on n,
+  // the row's place in x, the row range, or the thread count. The backend's header states the
+  // arithmetic (CPU: kernels/cpu/linear.h).
+  virtual void LinearRows(const float* x, int32_t n, const Weight& w, int64_t row_begin,
+                          int64_t rows, const float* bias, float* y) = 0;
+  // y[n, w.rows()] = x · wᵀ (+ bias).
+  void Linear(const float* x, int32_t n, const Weight& w, const float* bias, float* y) {
+    LinearRows(x, n, w, 0, w.rows(), bias, y);
+  }
   // In place rotary embedding, half-split ("NeoX"/Hugging Face) layout: within each head,
   // pairs (j, j + head_dim/2) rotate by positions[i] * inv_freq[j]. x rows are `ld` apart.
   // The angle is a float product, as Hugging Face computes it in float32:

@@ -65,6 +65,9 @@ ABSL_FLAG(bool, enable_prefix_caching, true,
 ABSL_FLAG(int32_t, default_exact_tail_tokens, 1024,
           "RidgeFill: exact prompt tail when a request does not say");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(std::string, cpu_activations, "int8",
+          "CPU backend: int8 (activations quantized per 32-block, integer dot products) or f32 "
+          "(float math on the dequantized weights; slower, the reference)");
 ABSL_FLAG(std::string, draft_model, "", "draft model for SPEC_PC / SPEC_KV (not implemented yet)");
 ABSL_FLAG(double, shutdown_timeout_s, 30,
           "on SIGTERM/SIGINT, how long in-flight requests may take to finish before they are "
@@ -170,7 +173,13 @@ absl::Status Serve(ShutdownSignal& signals) {
     spdlog::warn("--draft_model: SpecPC / SpecKV are not implemented yet; not loaded");
   }
 
-  std::unique_ptr<Backend> backend = CreateCpuBackend(absl::GetFlag(FLAGS_threads));
+  RS_ASSIGN_OR_RETURN(const cpu::Isa isa, cpu::IsaFromEnvironment());
+  RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
+                      cpu::ParseActivations(absl::GetFlag(FLAGS_cpu_activations)));
+  spdlog::info("cpu kernels: {} path (from CPUID; RIDGESERVE_CPU_ISA overrides), {} activations",
+               cpu::IsaName(isa), cpu::ActivationsName(activations));
+  std::unique_ptr<Backend> backend =
+      CreateCpuBackend(absl::GetFlag(FLAGS_threads), isa, activations);
   const std::string model_path = absl::GetFlag(FLAGS_model);
   const absl::Time load_start = absl::Now();
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(model_path, *backend));

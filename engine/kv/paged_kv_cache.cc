@@ -1,15 +1,26 @@
 #include "engine/kv/paged_kv_cache.h"
 
+#include "absl/strings/str_cat.h"
+
 namespace ridgeserve {
 
-PagedKvCache::PagedKvCache(Backend& backend, const KvCacheShape& shape)
-    : shape_(shape), pool_(shape.num_blocks) {
+absl::StatusOr<PagedKvCache> PagedKvCache::Create(Backend& backend, const KvCacheShape& shape) {
+  PagedKvCache cache(shape);
   const size_t bytes = sizeof(float) * static_cast<size_t>(shape.num_blocks) * shape.block_size *
                        shape.num_kv_heads * shape.head_dim;
   for (int32_t l = 0; l < shape.num_layers; ++l) {
-    k_.push_back(backend.Alloc(bytes));
-    v_.push_back(backend.Alloc(bytes));
+    for (std::vector<DeviceBuffer>* kv : {&cache.k_, &cache.v_}) {
+      absl::StatusOr<DeviceBuffer> buffer = backend.Alloc(bytes);
+      if (!buffer.ok()) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("KV cache for ", int64_t{shape.num_blocks} * shape.block_size, " tokens (",
+                         bytes, " bytes for each of K and V in each of ", shape.num_layers,
+                         " layers): ", buffer.status().message()));
+      }
+      kv->push_back(*std::move(buffer));
+    }
   }
+  return cache;
 }
 
 KvLayerView PagedKvCache::layer(int32_t l) const {

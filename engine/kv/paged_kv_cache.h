@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/kv/block_pool.h"
 #include "kernels/backend.h"
 
@@ -23,7 +24,9 @@ struct KvCacheShape {
 
 class PagedKvCache {
  public:
-  PagedKvCache(Backend& backend, const KvCacheShape& shape);
+  // Allocates every layer's K and V on `backend`; ResourceExhausted naming the bytes and the
+  // token capacity when they do not fit.
+  static absl::StatusOr<PagedKvCache> Create(Backend& backend, const KvCacheShape& shape);
 
   const KvCacheShape& shape() const { return shape_; }
   KvLayerView layer(int32_t l) const;
@@ -31,6 +34,8 @@ class PagedKvCache {
   const BlockPool& pool() const { return pool_; }
 
  private:
+  explicit PagedKvCache(const KvCacheShape& shape) : shape_(shape), pool_(shape.num_blocks) {}
+
   KvCacheShape shape_;
   std::vector<DeviceBuffer> k_;  // per layer [num_blocks, block_size, kv_heads, head_dim]
   std::vector<DeviceBuffer> v_;

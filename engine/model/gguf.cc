@@ -25,8 +25,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "engine/model/dequant.h"
 #include "engine/model/mapped_file.h"
+#include "kernels/dtype.h"
 
 namespace ridgeserve {
 namespace {
@@ -411,7 +411,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
     info.num_elements = num_elements;
     absl::StatusOr<uint32_t> type_id = p.Read<uint32_t>("type");
     if (!type_id.ok()) return type_id.status();
-    info.type = static_cast<GgmlType>(*type_id);
+    info.type = static_cast<DType>(*type_id);
     absl::StatusOr<TypeTraits> traits = GetTypeTraits(info.type);
     if (!traits.ok()) {
       const std::string what(traits.status().message());

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "engine/common/status_macros.h"
 #include "engine/ridgefill/ridgefill_maps.h"
 
 namespace ridgeserve {
@@ -49,31 +50,34 @@ void ForwardBatch::RequestAllLogits() {
 LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, Backend& backend)
     : config_(config), weights_(std::move(weights)), backend_(backend) {}
 
-void LlamaModel::EnsureWorkspace(int32_t rows, int32_t table_entries) {
-  auto floats = [&](int64_t n) { return backend_.Alloc(sizeof(float) * n); };
-  auto ints = [&](int64_t n) { return backend_.Alloc(sizeof(int32_t) * n); };
+absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int32_t table_entries) {
+  auto alloc = [&](DeviceBuffer& buffer, int64_t n, size_t element) -> absl::Status {
+    RS_ASSIGN_OR_RETURN(buffer, backend_.Alloc(element * n));
+    return absl::OkStatus();
+  };
   if (rows > capacity_rows_) {
-    const int32_t qkv_dim = config_.q_dim() + 2 * config_.kv_dim();
-    x_ = floats(int64_t{rows} * config_.hidden);
-    xn_ = floats(int64_t{rows} * config_.hidden);
-    qkv_ = floats(int64_t{rows} * qkv_dim);
-    attn_ = floats(int64_t{rows} * config_.q_dim());
-    proj_ = floats(int64_t{rows} * config_.hidden);
-    gate_up_ = floats(int64_t{rows} * 2 * config_.ffn);
-    act_ = floats(int64_t{rows} * config_.ffn);
-    tokens_ = ints(rows);
-    perm_ = ints(rows);
-    positions_ = ints(rows);
-    seq_ = ints(rows);
-    slots_ = ints(rows);
-    logit_rows_ = ints(rows);
-    head_in_ = floats(int64_t{rows} * config_.hidden);
+    const int64_t qkv_dim = config_.q_dim() + 2 * config_.kv_dim();
+    const int64_t r = rows;
+    for (auto [buffer, n] : {std::pair{&x_, r * config_.hidden},
+                             {&xn_, r * config_.hidden},
+                             {&qkv_, r * qkv_dim},
+                             {&attn_, r * config_.q_dim()},
+                             {&proj_, r * config_.hidden},
+                             {&gate_up_, r * 2 * config_.ffn},
+                             {&act_, r * config_.ffn},
+                             {&head_in_, r * config_.hidden}}) {
+      RS_RETURN_IF_ERROR(alloc(*buffer, n, sizeof(float)));
+    }
+    for (DeviceBuffer* buffer : {&tokens_, &perm_, &positions_, &seq_, &slots_, &logit_rows_}) {
+      RS_RETURN_IF_ERROR(alloc(*buffer, r, sizeof(int32_t)));
+    }
     capacity_rows_ = rows;
   }
   if (table_entries > capacity_table_) {
-    tables_ = ints(table_entries);
+    RS_RETURN_IF_ERROR(alloc(tables_, table_entries, sizeof(int32_t)));
     capacity_table_ = table_entries;
   }
+  return absl::OkStatus();
 }
 
 double ForwardProfile::SavedSecondsPerRow(int32_t split_layer, int32_t num_layers) const {
@@ -176,7 +180,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   }
   const ForwardBatch& batch = any_fill ? reordered : input;
 
-  EnsureWorkspace(n, static_cast<int32_t>(batch.block_tables.size()));
+  RS_RETURN_IF_ERROR(EnsureWorkspace(n, static_cast<int32_t>(batch.block_tables.size())));
   auto upload = [&](const std::vector<int32_t>& v, const DeviceBuffer& dst) {
     backend_.CopyToDevice(dst.as<void>(), v.data(), sizeof(int32_t) * v.size());
   };
@@ -216,7 +220,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
         .count();
   };
 
-  backend_.Embed(weights_.token_embd.as<float>(), c.hidden, tokens_.as<int32_t>(), n, x);
+  backend_.Embed(weights_.token_embd, tokens_.as<int32_t>(), n, x);
   for (int32_t l = 0; l < c.num_layers; ++l) {
     if (timed && l <= lowest_split) full_seconds -= Now();
     if (capture != nullptr) capture_at(l);
@@ -247,8 +251,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
                              tables_.as<int32_t>(), batch.max_blocks_per_seq};
     // Attention block: x += o_proj(attention(rope(qkv(norm(x))))).
     backend_.RmsNorm(x, w.attn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
-    backend_.MatMul(xn, na, c.hidden, w.wqkv.as<float>(), qkv_dim,
-                    w.bqkv.bytes() > 0 ? w.bqkv.as<float>() : nullptr, qkv);
+    backend_.Linear(xn, na, w.wqkv, w.bqkv.bytes() > 0 ? w.bqkv.as<float>() : nullptr, qkv);
     float* q = qkv;
     float* k = qkv + q_dim;
     float* v = qkv + q_dim + kv_dim;
@@ -262,14 +265,13 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     backend_.Rope(k, qkv_dim, na, c.num_kv_heads, c.head_dim, positions_.as<int32_t>(), inv_freq);
     backend_.StoreKv(kv, k, v, qkv_dim, na, slots_.as<int32_t>());
     backend_.Attention(q, qkv_dim, c.num_heads, kv, rows, scale, attn_.as<float>());
-    backend_.MatMul(attn_.as<float>(), na, q_dim, w.wo.as<float>(), c.hidden, nullptr, proj);
+    backend_.Linear(attn_.as<float>(), na, w.wo, nullptr, proj);
     backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
     // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
     backend_.RmsNorm(x, w.ffn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
-    backend_.MatMul(xn, na, c.hidden, w.w_gate_up.as<float>(), 2 * c.ffn, nullptr,
-                    gate_up_.as<float>());
+    backend_.Linear(xn, na, w.w_gate_up, nullptr, gate_up_.as<float>());
     backend_.SwiGlu(gate_up_.as<float>(), na, c.ffn, act_.as<float>());
-    backend_.MatMul(act_.as<float>(), na, c.ffn, w.w_down.as<float>(), c.hidden, nullptr, proj);
+    backend_.Linear(act_.as<float>(), na, w.w_down, nullptr, proj);
     backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
     if (timed && l <= lowest_split) full_seconds += Now();
   }
@@ -286,14 +288,14 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   logits.resize(static_cast<size_t>(m) * c.vocab_size);
   if (m == 0) return absl::OkStatus();
   if (m > capacity_logit_rows_) {
-    logits_ = backend_.Alloc(sizeof(float) * m * c.vocab_size);
+    RS_ASSIGN_OR_RETURN(logits_, backend_.Alloc(sizeof(float) * m * c.vocab_size));
     capacity_logit_rows_ = m;
   }
   backend_.GatherRows(x, c.hidden, logit_rows_.as<int32_t>(), m, head_in_.as<float>());
   backend_.RmsNorm(head_in_.as<float>(), weights_.output_norm.as<float>(), m, c.hidden, c.rms_eps,
                    head_in_.as<float>());
-  backend_.MatMul(head_in_.as<float>(), m, c.hidden, weights_.lm_head_or_embedding(), c.vocab_size,
-                  nullptr, logits_.as<float>());
+  backend_.Linear(head_in_.as<float>(), m, weights_.lm_head_or_embedding(), nullptr,
+                  logits_.as<float>());
   backend_.CopyToHost(logits.data(), logits_.as<void>(), sizeof(float) * logits.size());
   return absl::OkStatus();
 }
@@ -304,11 +306,11 @@ void LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int3
   FillGroup& g = groups[gi];
   const RidgeFillSplitMaps& maps = *g.maps;
   const int32_t hidden = config_.hidden;
-  if (maps.leverage_inverse.bytes() == 0 || g.count == 0) return;
+  if (maps.leverage_inverse.empty() || g.count == 0) return;
   // leverage = (h − μ) · (M h − M μ), with M h − M μ from one GEMM on the backend.
   const float* h_s = x_.as<float>() + static_cast<size_t>(g.begin) * hidden;
-  backend_.MatMul(h_s, g.count, hidden, maps.leverage_inverse.as<float>(), hidden,
-                  maps.leverage_bias.as<float>(), proj_.as<float>());
+  backend_.Linear(h_s, g.count, maps.leverage_inverse, maps.leverage_bias.as<float>(),
+                  proj_.as<float>());
   std::vector<float> h(static_cast<size_t>(g.count) * hidden), y(h.size());
   backend_.CopyToHost(h.data(), h_s, sizeof(float) * h.size());
   backend_.CopyToHost(y.data(), proj_.as<float>(), sizeof(float) * y.size());

@@ -125,8 +125,8 @@ class LlamaModel {
   void PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int32_t& num_exact,
                        ForwardBatch& batch, std::vector<int32_t>& order, ForwardProfile* profile);
 
-  // Scratch for `rows` rows; grows on demand.
-  void EnsureWorkspace(int32_t rows, int32_t num_seqs_x_blocks);
+  // Scratch for `rows` rows; grows on demand. ResourceExhausted when it cannot.
+  absl::Status EnsureWorkspace(int32_t rows, int32_t num_seqs_x_blocks);
 
   ModelConfig config_;
   ModelWeights weights_;

@@ -17,25 +17,20 @@ void LlamaModel::WriteFilledKv(int32_t l, const FillGroup& g, const KvLayerView&
   const float* model_kv_bias = w.bqkv.bytes() > 0 ? w.bqkv.as<float>() + q_dim : nullptr;
   if (map != nullptr && g.maps->folded) {
     // post_norm / kv: K (before RoPE and QK-norm) and V straight from h_s.
-    backend_.MatMul(h_s, g.count, c.hidden, map->kv_weight.as<float>(), 2 * kv_dim,
-                    map->kv_bias.as<float>(), qkv);
+    backend_.Linear(h_s, g.count, map->kv_weight, map->kv_bias.as<float>(), qkv);
   } else {
     const float* in = h_s;  // layer s + 1 sees the exact h_s
     if (map != nullptr) {
-      backend_.MatMul(h_s, g.count, c.hidden, map->weight.as<float>(), c.hidden,
-                      map->bias.as<float>(), proj);
+      backend_.Linear(h_s, g.count, map->weight, map->bias.as<float>(), proj);
       in = proj;
     }
     backend_.RmsNorm(in, w.attn_norm.as<float>(), g.count, c.hidden, c.rms_eps, xn);
     // Only the K/V rows [q_dim, q_dim + 2 kv_dim) of the fused QKV projection are computed,
     // unless the map carries its own (the key scale folded in).
-    if (map != nullptr && map->kv_weight.bytes() > 0) {
-      backend_.MatMul(xn, g.count, c.hidden, map->kv_weight.as<float>(), 2 * kv_dim,
-                      map->kv_bias.as<float>(), qkv);
+    if (map != nullptr && !map->kv_weight.empty()) {
+      backend_.Linear(xn, g.count, map->kv_weight, map->kv_bias.as<float>(), qkv);
     } else {
-      backend_.MatMul(xn, g.count, c.hidden,
-                      w.wqkv.as<float>() + static_cast<size_t>(q_dim) * c.hidden, 2 * kv_dim,
-                      model_kv_bias, qkv);
+      backend_.LinearRows(xn, g.count, w.wqkv, q_dim, 2 * kv_dim, model_kv_bias, qkv);
     }
   }
   float* k = qkv;

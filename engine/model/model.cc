@@ -46,6 +46,8 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path, Backen
                c.name, c.arch_name, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.head_dim,
                c.ffn, c.vocab_size, c.context_length);
   RS_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(*source, naming, c, backend));
+  spdlog::info("weights: {:.1f} MB resident on the {} backend", weights.resident_bytes() / 1e6,
+               backend.name());
   model->llama = std::make_unique<LlamaModel>(c, std::move(weights), backend);
   return model;
 }

@@ -18,8 +18,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "engine/model/dequant.h"
 #include "engine/model/mapped_file.h"
+#include "kernels/dtype.h"
 #include "nlohmann/json.hpp"
 
 namespace ridgeserve {
@@ -47,7 +47,7 @@ Json ParseJson(absl::string_view text) {
 }
 
 struct Dtype {
-  GgmlType type;
+  DType type;
   uint64_t bytes;
 };
 
@@ -72,7 +72,7 @@ absl::Status ParseTensorEntry(const MappedFile& file, const std::string& name, c
 
   const std::string& dtype_name = dtype_it->get_ref<const std::string&>();
   static const std::map<std::string, Dtype, std::less<>> kDtypes = {
-      {"F32", {GgmlType::kF32, 4}}, {"F16", {GgmlType::kF16, 2}}, {"BF16", {GgmlType::kBF16, 2}}};
+      {"F32", {DType::kF32, 4}}, {"F16", {DType::kF16, 2}}, {"BF16", {DType::kBF16, 2}}};
   auto dtype = kDtypes.find(dtype_name);
   if (dtype == kDtypes.end()) {
     return absl::UnimplementedError(

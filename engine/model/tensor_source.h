@@ -9,34 +9,16 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/dtype.h"
 
 namespace ridgeserve {
-
-// Storage types, numbered as ggml numbers them (GGUF type ids). Safetensors dtypes map onto
-// F32, F16 and BF16.
-enum class GgmlType : uint32_t {
-  kF32 = 0,
-  kF16 = 1,
-  kQ4_0 = 2,
-  kQ4_1 = 3,
-  kQ5_0 = 6,
-  kQ5_1 = 7,
-  kQ8_0 = 8,
-  kQ8_1 = 9,
-  kQ2_K = 10,
-  kQ3_K = 11,
-  kQ4_K = 12,
-  kQ5_K = 13,
-  kQ6_K = 14,
-  kBF16 = 30,
-};
 
 // Metadata of one stored tensor. `shape` is outermost-first (PyTorch order): a GGUF tensor
 // with ne = {in, out} has shape {out, in}; element (i, j) of a 2-D tensor is at i*in + j.
 // `data` points into the mapped file and stays valid while the owning source lives.
 struct TensorInfo {
   std::string name;
-  GgmlType type = GgmlType::kF32;
+  DType type = DType::kF32;
   std::vector<int64_t> shape;
   int64_t num_elements = 0;
   const uint8_t* data = nullptr;

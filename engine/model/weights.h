@@ -1,6 +1,7 @@
-// Model weights on a backend, in the layout the forward pass wants: f32, PyTorch Linear
-// orientation [out, in], Q/K rows in the Hugging Face (half-split RoPE) order, and the
-// projections that read the same input fused (QKV, gate+up) so each is one GEMM.
+// Model weights on a backend. Matrices are Weights packed by the backend from the stored rows
+// (still quantized on the CPU), PyTorch Linear orientation [out, in], Q/K rows in the Hugging
+// Face (half-split RoPE) order, and the projections that read the same input fused (QKV,
+// gate+up) so each is one Linear. Vectors (norms, biases) are f32 buffers.
 #ifndef RIDGESERVE_ENGINE_MODEL_WEIGHTS_H_
 #define RIDGESERVE_ENGINE_MODEL_WEIGHTS_H_
 
@@ -15,26 +16,26 @@ namespace ridgeserve {
 
 struct LayerWeights {
   DeviceBuffer attn_norm;  // [hidden]
-  DeviceBuffer wqkv;       // [q_dim + 2 * kv_dim, hidden]: rows of Q, then K, then V
+  Weight wqkv;             // [q_dim + 2 * kv_dim, hidden]: rows of Q, then K, then V
   DeviceBuffer bqkv;       // [q_dim + 2 * kv_dim] or empty
   DeviceBuffer q_norm;     // [head_dim] or empty (Qwen3)
   DeviceBuffer k_norm;     // [head_dim] or empty
-  DeviceBuffer wo;         // [hidden, q_dim]
+  Weight wo;               // [hidden, q_dim]
   DeviceBuffer ffn_norm;   // [hidden]
-  DeviceBuffer w_gate_up;  // [2 * ffn, hidden]: gate rows, then up rows
-  DeviceBuffer w_down;     // [hidden, ffn]
+  Weight w_gate_up;        // [2 * ffn, hidden]: gate rows, then up rows
+  Weight w_down;           // [hidden, ffn]
 };
 
 struct ModelWeights {
-  DeviceBuffer token_embd;     // [vocab, hidden]
+  Weight token_embd;           // [vocab, hidden]
   DeviceBuffer output_norm;    // [hidden]
-  DeviceBuffer lm_head;        // [vocab, hidden]; empty when tied to token_embd
+  Weight lm_head;              // [vocab, hidden]; empty when tied to token_embd
   DeviceBuffer rope_inv_freq;  // [head_dim / 2]
   std::vector<LayerWeights> layers;
 
-  const float* lm_head_or_embedding() const {
-    return lm_head.bytes() > 0 ? lm_head.as<float>() : token_embd.as<float>();
-  }
+  const Weight& lm_head_or_embedding() const { return lm_head.empty() ? token_embd : lm_head; }
+  // Bytes the weights occupy on the backend.
+  size_t resident_bytes() const;
 };
 
 enum class TensorNaming {

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/common/status_macros.h"
 #include "engine/model/config.h"
 #include "engine/model/llama.h"
 #include "engine/ridgefill/map_file.h"
@@ -15,12 +16,18 @@
 namespace ridgeserve {
 namespace {
 
-DeviceBuffer Upload(Backend& backend, std::span<const float> host) {
-  DeviceBuffer buf = backend.Alloc(sizeof(float) * host.size());
-  if (buf.as<void>() != nullptr) {
-    backend.CopyToDevice(buf.as<void>(), host.data(), sizeof(float) * host.size());
-  }
+absl::StatusOr<DeviceBuffer> Upload(Backend& backend, std::span<const float> host) {
+  RS_ASSIGN_OR_RETURN(DeviceBuffer buf, backend.Alloc(sizeof(float) * host.size()));
+  backend.CopyToDevice(buf.as<void>(), host.data(), sizeof(float) * host.size());
   return buf;
+}
+
+// An f32 host matrix [rows, cols] packed as a Weight.
+absl::StatusOr<Weight> PackF32(Backend& backend, std::span<const float> host, int64_t rows,
+                               int64_t cols) {
+  const HostTensor view{reinterpret_cast<const uint8_t*>(host.data()), DType::kF32, rows, cols,
+                        sizeof(float) * static_cast<size_t>(cols)};
+  return backend.PackWeight({&view, 1});
 }
 
 // Layer l's K/V projection on the host: rows [q_dim, q_dim + 2 kv_dim) of the fused QKV.
@@ -30,16 +37,14 @@ struct KvRows {
   std::vector<float> k_norm;  // [head_dim] or empty
 };
 
-KvRows ReadKvRows(LlamaModel& model, int32_t layer) {
+absl::StatusOr<KvRows> ReadKvRows(LlamaModel& model, int32_t layer) {
   const ModelConfig& c = model.config();
   const LayerWeights& w = model.weights().layers[layer];
   Backend& backend = model.backend();
   const int32_t kv2 = 2 * c.kv_dim();
   KvRows r;
   r.weight.resize(static_cast<size_t>(kv2) * c.hidden);
-  backend.CopyToHost(r.weight.data(),
-                     w.wqkv.as<float>() + static_cast<size_t>(c.q_dim()) * c.hidden,
-                     sizeof(float) * r.weight.size());
+  RS_RETURN_IF_ERROR(backend.UnpackWeight(w.wqkv, c.q_dim(), kv2, r.weight.data()));
   if (w.bqkv.bytes() > 0) {
     r.bias.resize(kv2);
     backend.CopyToHost(r.bias.data(), w.bqkv.as<float>() + c.q_dim(), sizeof(float) * kv2);
@@ -86,11 +91,8 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
       std::vector<float> bias(hidden, 0.0f);  // −M μ
       cblas_sgemv(CblasRowMajor, CblasNoTrans, hidden, hidden, -1.0f, inverse.data(), hidden,
                   out.leverage_mean.data(), 1, 0.0f, bias.data(), 1);
-      out.leverage_inverse = Upload(backend, inverse);
-      out.leverage_bias = Upload(backend, bias);
-      if (out.leverage_inverse.as<void>() == nullptr || out.leverage_bias.as<void>() == nullptr) {
-        return absl::ResourceExhaustedError("ridgefill: cannot allocate leverage buffers");
-      }
+      RS_ASSIGN_OR_RETURN(out.leverage_inverse, PackF32(backend, inverse, hidden, hidden));
+      RS_ASSIGN_OR_RETURN(out.leverage_bias, Upload(backend, bias));
     }
     std::vector<bool> seen(config.num_layers, false);
     for (const TargetMap& t : split.targets) {
@@ -121,7 +123,9 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
       m.layer = t.layer;
       const bool scale_k = !t.key_scale.empty();
       KvRows kv;
-      if (folded || scale_k) kv = ReadKvRows(model, t.layer);
+      if (folded || scale_k) {
+        RS_ASSIGN_OR_RETURN(kv, ReadKvRows(model, t.layer));
+      }
       // Host K/V weights A [2 kv_dim, hidden] and bias a [2 kv_dim] (empty = none).
       std::vector<float> a, a_bias;
       if (maps.kind == MapTarget::kKv) {
@@ -136,11 +140,8 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
         cblas_sgemv(CblasRowMajor, CblasNoTrans, 2 * kv_dim, hidden, 1.0f, kv.weight.data(), hidden,
                     t.bias.data(), 1, 1.0f, a_bias.data(), 1);
       } else {
-        m.weight = Upload(backend, t.weight);
-        m.bias = Upload(backend, t.bias);
-        if (m.weight.as<void>() == nullptr || m.bias.as<void>() == nullptr) {
-          return absl::ResourceExhaustedError("ridgefill: cannot allocate map buffers");
-        }
+        RS_ASSIGN_OR_RETURN(m.weight, PackF32(backend, t.weight, hidden, hidden));
+        RS_ASSIGN_OR_RETURN(m.bias, Upload(backend, t.bias));
         if (scale_k && !config.qk_norm) {
           a = kv.weight;
           a_bias = kv.bias;
@@ -154,10 +155,7 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
             k_norm[h * head_dim + j] = kv.k_norm[j] * t.key_scale[h];
           }
         }
-        m.k_norm_scaled = Upload(backend, k_norm);
-        if (m.k_norm_scaled.as<void>() == nullptr) {
-          return absl::ResourceExhaustedError("ridgefill: cannot allocate map buffers");
-        }
+        RS_ASSIGN_OR_RETURN(m.k_norm_scaled, Upload(backend, k_norm));
       } else if (scale_k) {
         for (int32_t h = 0; h < config.num_kv_heads; ++h) {
           for (int32_t j = h * head_dim; j < (h + 1) * head_dim; ++j) {
@@ -168,15 +166,9 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
         }
       }
       if (!a.empty()) {
-        m.kv_weight = Upload(backend, a);
-        if (m.kv_weight.as<void>() == nullptr) {
-          return absl::ResourceExhaustedError("ridgefill: cannot allocate map buffers");
-        }
+        RS_ASSIGN_OR_RETURN(m.kv_weight, PackF32(backend, a, 2 * kv_dim, hidden));
         if (!a_bias.empty()) {
-          m.kv_bias = Upload(backend, a_bias);
-          if (m.kv_bias.as<void>() == nullptr) {
-            return absl::ResourceExhaustedError("ridgefill: cannot allocate map buffers");
-          }
+          RS_ASSIGN_OR_RETURN(m.kv_bias, Upload(backend, a_bias));
         }
       }
     }

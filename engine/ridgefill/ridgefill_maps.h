@@ -37,16 +37,17 @@ namespace ridgeserve {
 struct MapSet;
 class LlamaModel;
 
-// One target layer's map on the backend. MatMul's w layout throughout ([out, in] row-major).
+// One target layer's map on the backend: Weights packed from f32 ([out, in], Linear's layout),
+// biases and norms as f32 buffers.
 struct RidgeFillLayerMap {
   int32_t layer = 0;
   // pre_norm only: ĥ = W h_s + b, [hidden, hidden] and [hidden]. Empty for folded kinds.
-  DeviceBuffer weight;
+  Weight weight;
   DeviceBuffer bias;
   // K/V rows [2 kv_dim, in] and bias [2 kv_dim]: folded kinds, in = hidden applied to h_s;
   // pre_norm with a key scale and no QK-norm, the layer's own K/V rows with the scale folded
   // in, applied to the normalized ĥ. Empty for pre_norm otherwise (the model's rows are used).
-  DeviceBuffer kv_weight;
+  Weight kv_weight;
   DeviceBuffer kv_bias;  // empty when there is no bias at all
   // QK-norm models with a key scale: [num_kv_heads, head_dim], head h's k_norm times γ_h.
   DeviceBuffer k_norm_scaled;
@@ -58,7 +59,7 @@ struct RidgeFillSplitMaps {
   // Outlier-row test (empty when the file has none): leverage(h) = (h − μ)ᵀ M (h − μ), with
   // M = (G + λI)⁻¹ of the split's centred calibration Gram, computed as
   // (h − μ) · (M h + leverage_bias) where leverage_bias = −M μ. [hidden, hidden], [hidden].
-  DeviceBuffer leverage_inverse;
+  Weight leverage_inverse;
   DeviceBuffer leverage_bias;
   std::vector<float> leverage_mean;  // μ, host
   // by_layer[l] for l in [s + 2, num_layers); entries below s + 2 are empty.

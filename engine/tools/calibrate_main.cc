@@ -90,6 +90,8 @@ ABSL_FLAG(bool, attn_window, true,
 ABSL_FLAG(int64_t, holdout_every, 10, "every k-th row is held out for choosing λ");
 ABSL_FLAG(int64_t, max_holdout_rows, 4096, "at most this many held-out rows");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0 = all)");
+ABSL_FLAG(std::string, cpu_activations, "int8",
+          "CPU Linear arithmetic: int8 (as served) or f32 (the reference)");
 ABSL_FLAG(std::string, check, "", "map file to check against --model (prints its summary)");
 
 namespace ridgeserve {
@@ -158,7 +160,9 @@ class KvProjector {
     backend.CopyToHost(norm_.data(), w.attn_norm.as<float>(), sizeof(float) * c_.hidden);
     // wqkv rows: Q [q_dim], then K [kv_dim], then V [kv_dim].
     weight_.resize(static_cast<size_t>(q_dim + 2 * kv) * c_.hidden);
-    backend.CopyToHost(weight_.data(), w.wqkv.as<float>(), sizeof(float) * weight_.size());
+    const absl::Status unpacked = backend.UnpackWeight(w.wqkv, 0, w.wqkv.rows(), weight_.data());
+    assert(unpacked.ok());  // the whole weight: a range error would be ours
+    (void)unpacked;
     if (w.bqkv.bytes() > 0) {
       bias_.resize(q_dim + 2 * kv);
       backend.CopyToHost(bias_.data(), w.bqkv.as<float>(), sizeof(float) * bias_.size());
@@ -516,7 +520,10 @@ class Calibrator {
           absl::StrCat("--lambda: want 'auto' or a number >= 0, got '", lambda_flag, "'"));
     }
 
-    backend_ = CreateCpuBackend(absl::GetFlag(FLAGS_threads));
+    RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
+                        cpu::ParseActivations(absl::GetFlag(FLAGS_cpu_activations)));
+    RS_ASSIGN_OR_RETURN(backend_,
+                        CreateCpuBackendFromEnvironment(absl::GetFlag(FLAGS_threads), activations));
     RS_ASSIGN_OR_RETURN(ModelIdentity id, IdentifyModel(model_path));
     RS_ASSIGN_OR_RETURN(model_, LoadModel(model_path, *backend_));
     const ModelConfig& c = model_->config;
@@ -597,8 +604,10 @@ class Calibrator {
     }
 
     // The exact pass. Targets of `kind` are computed from the captured residuals per layer.
-    PagedKvCache cache(
-        *backend_, KvCacheShape{num_layers, c.num_kv_heads, c.head_dim, 16, (window + 15) / 16});
+    RS_ASSIGN_OR_RETURN(
+        PagedKvCache cache,
+        PagedKvCache::Create(*backend_, KvCacheShape{num_layers, c.num_kv_heads, c.head_dim, 16,
+                                                     (window + 15) / 16}));
     BlockTable table;
     std::vector<float> logits;
     std::vector<std::vector<float>> targets(num_layers);

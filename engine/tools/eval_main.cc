@@ -52,6 +52,8 @@
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face directory");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0 = all)");
+ABSL_FLAG(std::string, cpu_activations, "int8",
+          "CPU Linear arithmetic: int8 (as served) or f32 (the reference)");
 ABSL_FLAG(std::string, text, "", "input text file");
 ABSL_FLAG(int32_t, ctx, 1024, "perplexity: window length in tokens");
 ABSL_FLAG(int32_t, max_tokens, 0, "perplexity: use at most this many tokens of the text (0 = all)");
@@ -65,6 +67,8 @@ ABSL_FLAG(float, min_p, 0.0f, "generate: drop tokens below min_p * max probabili
 ABSL_FLAG(float, repetition_penalty, 1.0f, "generate: repetition penalty (1 = off)");
 ABSL_FLAG(uint64_t, seed, 0, "generate: sampling seed");
 ABSL_FLAG(std::string, lengths, "512,2048,8192", "bench-prefill: prompt lengths");
+ABSL_FLAG(std::string, streams, "1,16", "bench-decode: numbers of sequences decoding together");
+ABSL_FLAG(int32_t, decode_steps, 64, "bench-decode: timed decode steps");
 ABSL_FLAG(int32_t, chunk, 512, "prefill chunk (rows per forward pass)");
 ABSL_FLAG(std::string, token_ids, "", "logits: comma-separated input token ids");
 ABSL_FLAG(std::string, out, "", "logits: output file for float32 logits [tokens, vocab]");
@@ -103,7 +107,10 @@ double LogProb(const float* logits, int32_t vocab, int32_t target) {
 class Eval {
  public:
   absl::Status Init() {
-    backend_ = CreateCpuBackend(absl::GetFlag(FLAGS_threads));
+    RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
+                        cpu::ParseActivations(absl::GetFlag(FLAGS_cpu_activations)));
+    RS_ASSIGN_OR_RETURN(backend_,
+                        CreateCpuBackendFromEnvironment(absl::GetFlag(FLAGS_threads), activations));
     const std::string path = absl::GetFlag(FLAGS_model);
     if (path.empty()) return absl::InvalidArgumentError("--model is required");
     const auto start = Clock::now();
@@ -241,6 +248,62 @@ class Eval {
       spdlog::info("bench-prefill: {} tokens in {:.3f} s", length, seconds);
     }
     return Json{{"results", results}, {"chunk", absl::GetFlag(FLAGS_chunk)}};
+  }
+
+  // Greedy decode of S sequences together, one forward pass per step (as the engine batches
+  // decode rows): each sequence has a 128-token prompt; `--decode_steps` steps are timed.
+  absl::StatusOr<Json> BenchDecode() {
+    RS_ASSIGN_OR_RETURN(std::vector<int32_t> stream_counts,
+                        ParseIntList("streams", absl::GetFlag(FLAGS_streams)));
+    const int32_t steps = absl::GetFlag(FLAGS_decode_steps);
+    constexpr int32_t kPrompt = 128, kBlock = 16;
+    const ModelConfig& c = model_->config;
+    if (steps < 1 || kPrompt + steps > c.context_length) {
+      return absl::InvalidArgumentError("--decode_steps: outside 1..context - 128");
+    }
+    std::mt19937 rng(99);
+    std::uniform_int_distribution<int32_t> pick(256, c.vocab_size - 1);
+    Json results = Json::array();
+    for (int32_t streams : stream_counts) {
+      if (streams < 1) return absl::InvalidArgumentError("--streams: want counts >= 1");
+      const int32_t per_seq = (kPrompt + steps + kBlock - 1) / kBlock;
+      RS_ASSIGN_OR_RETURN(
+          PagedKvCache cache,
+          PagedKvCache::Create(*backend_, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim,
+                                                       kBlock, streams * per_seq}));
+      std::vector<BlockTable> tables(streams);
+      std::vector<int32_t> last(streams);
+      std::vector<float> logits;
+      for (int32_t s = 0; s < streams; ++s) {
+        RS_RETURN_IF_ERROR(tables[s].Reserve(cache.pool(), kPrompt + steps, kBlock));
+        std::vector<int32_t> prompt(kPrompt);
+        for (int32_t& t : prompt) t = pick(rng);
+        ForwardBatch batch;
+        batch.AddSequence(tables[s], kBlock, prompt, 0, true);
+        RS_RETURN_IF_ERROR(model_->llama->Forward(batch, cache, logits));
+        last[s] = ArgMax(logits);
+      }
+      const auto start = Clock::now();
+      for (int32_t step = 0; step < steps; ++step) {
+        ForwardBatch batch;
+        for (int32_t s = 0; s < streams; ++s) {
+          const int32_t one[] = {last[s]};
+          batch.AddSequence(tables[s], kBlock, one, kPrompt + step, true);
+        }
+        RS_RETURN_IF_ERROR(model_->llama->Forward(batch, cache, logits));
+        for (int32_t s = 0; s < streams; ++s) {
+          last[s] = ArgMax(std::span<const float>(logits).subspan(
+              static_cast<size_t>(s) * c.vocab_size, c.vocab_size));
+        }
+      }
+      const double seconds = SecondsSince(start);
+      results.push_back({{"streams", streams},
+                         {"steps", steps},
+                         {"seconds", seconds},
+                         {"tokens_per_second", streams * steps / seconds}});
+      spdlog::info("bench-decode: {} streams x {} steps in {:.3f} s", streams, steps, seconds);
+    }
+    return Json{{"results", results}, {"prompt_tokens", kPrompt}};
   }
 
   absl::StatusOr<Json> Logits() {
@@ -382,14 +445,16 @@ class Eval {
 absl::StatusOr<Json> Run(const std::string& command) {
   Eval eval;
   if (command != "perplexity" && command != "generate" && command != "bench-prefill" &&
-      command != "logits" && command != "ttft" && command != "needle" &&
-      command != "distant-loss" && command != "splice" && command != "pareto") {
+      command != "bench-decode" && command != "logits" && command != "ttft" &&
+      command != "needle" && command != "distant-loss" && command != "splice" &&
+      command != "pareto") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
   }
   RS_RETURN_IF_ERROR(eval.Init());
   if (command == "perplexity") return eval.Perplexity();
   if (command == "generate") return eval.Generate();
   if (command == "bench-prefill") return eval.BenchPrefill();
+  if (command == "bench-decode") return eval.BenchDecode();
   if (command == "ttft") return eval.Ttft();
   if (command == "needle") return eval.Needle();
   if (command == "distant-loss") return eval.DistantLoss();
@@ -404,7 +469,8 @@ absl::StatusOr<Json> Run(const std::string& command) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ridgeserve-eval "
-      "<perplexity|generate|bench-prefill|logits|ttft|needle|distant-loss|splice|pareto> "
+      "<perplexity|generate|bench-prefill|bench-decode|logits|ttft|needle|distant-loss|splice|"
+      "pareto> "
       "--model M [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("eval"));

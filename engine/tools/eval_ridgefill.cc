@@ -34,10 +34,6 @@ double Nll(const float* logits, int32_t vocab, int32_t target) {
   return -(logits[target] - max - std::log(sum));
 }
 
-int32_t ArgMax(const std::vector<float>& logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
 // The model's BOS prefix ([] when it wants none).
 std::vector<int32_t> BosPrefix(const Tokenizer& tok) {
   return tok.Encode("", /*add_bos=*/true, /*parse_special=*/false);

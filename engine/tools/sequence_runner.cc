@@ -9,16 +9,18 @@ namespace ridgeserve {
 
 SequenceRunner::SequenceRunner(LlamaModel& model, int32_t max_tokens, int32_t block_size)
     : model_(model),
-      cache_(model.backend(), KvCacheShape{model.config().num_layers, model.config().num_kv_heads,
-                                           model.config().head_dim, block_size,
-                                           (max_tokens + block_size - 1) / block_size}) {}
+      cache_(PagedKvCache::Create(
+          model.backend(), KvCacheShape{model.config().num_layers, model.config().num_kv_heads,
+                                        model.config().head_dim, block_size,
+                                        (max_tokens + block_size - 1) / block_size})) {}
 
 SequenceRunner::~SequenceRunner() { Reset(); }
 
 absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chunk, bool all_logits,
                                     std::vector<float>& logits, const RidgeFillRun* fill) {
+  if (!cache_.ok()) return cache_.status();
   const int32_t vocab = model_.config().vocab_size;
-  const int32_t block_size = cache_.shape().block_size;
+  const int32_t block_size = cache_->shape().block_size;
   if (fill != nullptr && fill->filled_tokens > 0) {
     if (all_logits) return absl::InvalidArgumentError("RidgeFill append: all_logits unsupported");
     if (fill->filled_tokens >= static_cast<int32_t>(tokens.size())) {
@@ -28,7 +30,7 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
     fill = nullptr;
   }
   RS_RETURN_IF_ERROR(
-      table_.Reserve(cache_.pool(), length_ + static_cast<int32_t>(tokens.size()), block_size));
+      table_.Reserve(cache_->pool(), length_ + static_cast<int32_t>(tokens.size()), block_size));
   logits.clear();
   estimated_saved_seconds_ = 0;
   promoted_rows_ = 0;
@@ -49,7 +51,7 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
     }
     if (all_logits) batch.RequestAllLogits();
     ForwardProfile profile;
-    RS_RETURN_IF_ERROR(model_.Forward(batch, cache_, chunk_logits_, nullptr,
+    RS_RETURN_IF_ERROR(model_.Forward(batch, *cache_, chunk_logits_, nullptr,
                                       fill != nullptr ? &profile : nullptr));
     if (fill != nullptr) {
       const auto filled = std::count_if(batch.fill_split.begin(), batch.fill_split.end(),
@@ -75,7 +77,7 @@ void SequenceRunner::Truncate(int32_t length) {
 }
 
 void SequenceRunner::Reset() {
-  table_.Release(cache_.pool());
+  if (cache_.ok()) table_.Release(cache_->pool());
   length_ = 0;
 }
 

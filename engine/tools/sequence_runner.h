@@ -34,10 +34,10 @@ class SequenceRunner {
   absl::Status Append(std::span<const int32_t> tokens, int32_t chunk, bool all_logits,
                       std::vector<float>& logits, const RidgeFillRun* fill = nullptr);
   // The cache (tests read K/V; the sequence's slots follow block_table()).
-  const PagedKvCache& cache() const { return cache_; }
+  const PagedKvCache& cache() const { return *cache_; }
   const BlockTable& block_table() const { return table_; }
   // The cache for writing (eval's splice test overwrites filled rows' K/V between Appends).
-  PagedKvCache& mutable_cache() { return cache_; }
+  PagedKvCache& mutable_cache() { return *cache_; }
   // Forgets the sequence (blocks go back to the pool).
   void Reset();
   // Forgets the tokens at positions >= `length` (<= length()): their blocks stay reserved and
@@ -52,7 +52,7 @@ class SequenceRunner {
 
  private:
   LlamaModel& model_;
-  PagedKvCache cache_;
+  absl::StatusOr<PagedKvCache> cache_;  // an allocation failure is Append's error
   BlockTable table_;
   int32_t length_ = 0;
   double estimated_saved_seconds_ = 0;

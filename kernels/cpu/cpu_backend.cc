@@ -1,17 +1,20 @@
-// The CPU backend: OpenBLAS sgemm for MatMul, OpenMP + AVX2/AVX-512 kernels for the rest, all
-// threaded by one OpenMP pool.
+// The CPU backend: our own kernels (Linear in linear.h, attention in attention.h, row-wise ops
+// in row_ops.h), all threaded by one OpenMP pool.
 #include "kernels/cpu/cpu_backend.h"
 
 #include <omp.h>
 
 #include <algorithm>
 #include <cassert>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/attention.h"
-#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/linear.h"
 #include "kernels/cpu/row_ops.h"
 
 namespace ridgeserve {
@@ -29,15 +32,22 @@ void CopyRows(const float* src, int32_t dim, const int32_t* index, int32_t n, fl
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int num_threads) : num_threads_(num_threads) {}
+  CpuBackend(int num_threads, cpu::Isa isa, cpu::Activations activations)
+      : num_threads_(num_threads), isa_(isa), activations_(activations) {}
 
   std::string_view name() const override { return "cpu"; }
 
-  DeviceBuffer Alloc(size_t bytes) override {
+  absl::StatusOr<DeviceBuffer> Alloc(size_t bytes) override {
     if (bytes == 0) return DeviceBuffer();
+    if (bytes > SIZE_MAX - kAlignment) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+    }
     const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
     void* data = std::aligned_alloc(kAlignment, rounded);
-    if (data == nullptr) return DeviceBuffer();
+    if (data == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cannot allocate ", bytes, " bytes of host memory"));
+    }
     return DeviceBuffer(this, data, bytes);
   }
   void FreeRaw(void* data) override { std::free(data); }
@@ -49,8 +59,25 @@ class CpuBackend final : public Backend {
   }
   void Synchronize() override {}
 
-  void Embed(const float* table, int32_t dim, const int32_t* ids, int32_t n, float* out) override {
-    CopyRows(table, dim, ids, n, out);
+  absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) override {
+    return cpu::CpuWeight::Pack(parts);
+  }
+
+  absl::Status UnpackWeight(const Weight& w, int64_t row_begin, int64_t rows,
+                            float* host) override {
+    if (row_begin < 0 || rows < 0 || row_begin + rows > w.rows()) {
+      return absl::OutOfRangeError(absl::StrCat("UnpackWeight: rows [", row_begin, ", ",
+                                                row_begin + rows, ") of ", w.rows()));
+    }
+    cpu::DequantizeRows(Packed(w), row_begin, rows, host, w.cols(), isa_);
+    return absl::OkStatus();
+  }
+
+  void Embed(const Weight& table, const int32_t* ids, int32_t n, float* out) override {
+    const cpu::CpuWeight& packed = Packed(table);
+    for (int32_t i = 0; i < n; ++i) {
+      cpu::DequantizeRows(packed, ids[i], 1, out + int64_t{i} * table.cols(), table.cols(), isa_);
+    }
   }
 
   void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
@@ -63,9 +90,11 @@ class CpuBackend final : public Backend {
     cpu::RmsNormHeads(x, ld, n, num_heads, head_dim, w, eps, num_threads_);
   }
 
-  void MatMul(const float* x, int32_t n, int32_t k, const float* w, int32_t m, const float* bias,
-              float* y) override {
-    cpu::MatMul(x, n, k, w, m, bias, y, num_threads_, matmul_scratch_);
+  void LinearRows(const float* x, int32_t n, const Weight& w, int64_t row_begin, int64_t rows,
+                  const float* bias, float* y) override {
+    assert(row_begin >= 0 && row_begin + rows <= w.rows());
+    cpu::Linear(x, n, Packed(w), row_begin, rows, bias, y, num_threads_, isa_, activations_,
+                linear_scratch_);
   }
 
   void Rope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
@@ -102,15 +131,31 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Weights reach this backend only from its own PackWeight.
+  static const cpu::CpuWeight& Packed(const Weight& w) {
+    assert(dynamic_cast<const cpu::CpuWeight*>(w.storage()) != nullptr);
+    return *static_cast<const cpu::CpuWeight*>(w.storage());
+  }
+
   const int num_threads_;
-  cpu::MatMulScratch matmul_scratch_;
+  const cpu::Isa isa_;
+  const cpu::Activations activations_;
+  cpu::LinearScratch linear_scratch_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads, cpu::Isa isa,
+                                          cpu::Activations activations) {
   if (num_threads <= 0) num_threads = omp_get_num_procs();
-  return std::make_unique<CpuBackend>(num_threads);
+  return std::make_unique<CpuBackend>(num_threads, isa, activations);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackendFromEnvironment(
+    int num_threads, cpu::Activations activations) {
+  absl::StatusOr<cpu::Isa> isa = cpu::IsaFromEnvironment();
+  if (!isa.ok()) return isa.status();
+  return CreateCpuBackend(num_threads, *isa, activations);
 }
 
 }  // namespace ridgeserve

@@ -17,7 +17,10 @@ namespace ridgeserve {
 class DefaultModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    backend_ = CreateCpuBackend(0).release();
+    // RIDGESERVE_CPU_ISA picks the kernel path, so ctest can run the suite on each.
+    auto backend = CreateCpuBackendFromEnvironment(0);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = backend->release();
     auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, *backend_);
     ASSERT_TRUE(model.ok()) << model.status() << " (make model fetches it)";
     model_ = model->release();

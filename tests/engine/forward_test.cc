@@ -35,7 +35,10 @@ TEST_F(ForwardTest, BatchedSequencesMatchEachAlone) {
   const std::vector<float> b_alone = AloneAllLogits(b, 40);
 
   const ModelConfig& c = model_->config;
-  PagedKvCache cache(*backend_, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, 16, 32});
+  absl::StatusOr<PagedKvCache> created = PagedKvCache::Create(
+      *backend_, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, 16, 32});
+  ASSERT_TRUE(created.ok()) << created.status();
+  PagedKvCache& cache = *created;
   BlockTable ta, tb;
   ASSERT_TRUE(ta.Reserve(cache.pool(), 90, 16).ok());
   ASSERT_TRUE(tb.Reserve(cache.pool(), 40, 16).ok());

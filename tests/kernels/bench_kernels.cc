@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -77,30 +78,89 @@ void BM_PeakFma(benchmark::State& state) {
 }
 BENCHMARK(BM_PeakFma)->Arg(1)->Arg(2)->UseRealTime();
 
-// y[n, m] = x[n, k] · w[m, k]ᵀ.
-void BM_MatMul(benchmark::State& state) {
+// Read bandwidth from memory: each of state.range(0) threads sums its half of a 512 MiB buffer
+// (16x the largest L3 seen here), so decode's weight streaming has a bound to compare with:
+// bytes read per token / this rate.
+void BM_MemoryRead(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  constexpr size_t kBytes = size_t{512} << 20;
+  std::vector<int32_t> buffer(kBytes / sizeof(int32_t), 1);
+  int64_t sink = 0;
+  for (auto _ : state) {
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      const size_t n = buffer.size() / 8, t = omp_get_thread_num();  // in 32-byte vectors
+      const __m256i* v = reinterpret_cast<const __m256i*>(buffer.data());
+      __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                        _mm256_setzero_si256()};
+      for (size_t i = n * t / threads; i + 4 <= n * (t + 1) / threads; i += 4) {
+        for (int a = 0; a < 4; ++a)
+          acc[a] = _mm256_add_epi32(acc[a], _mm256_loadu_si256(v + i + a));
+      }
+      const __m256i total =
+          _mm256_add_epi32(_mm256_add_epi32(acc[0], acc[1]), _mm256_add_epi32(acc[2], acc[3]));
+      sink += _mm256_extract_epi32(total, 0);
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  state.counters["bytes_per_s"] =
+      benchmark::Counter(double(kBytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_MemoryRead)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// A packed [m, k] weight of `type` (F32, Q8_0 or Q4_1) with random values of weight scale.
+Weight RandomWeight(Backend& backend, DType type, int64_t m, int64_t k, uint32_t seed) {
+  const size_t row_bytes = *StorageBytes(type, k);
+  std::vector<uint8_t> bytes(row_bytes * m);
+  std::mt19937 rng(seed);
+  if (type == DType::kF32) {
+    const std::vector<float> w = RandomFloats(size_t(m) * k, seed, -0.05f, 0.05f);
+    std::memcpy(bytes.data(), w.data(), bytes.size());
+  } else {
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+    const size_t block = type == DType::kQ8_0 ? 34 : 20;
+    const uint16_t d = 0x1C00, neg_m = 0xA400;  // f16 2^-8 and -2^-6
+    for (size_t b = 0; b < bytes.size(); b += block) {
+      std::memcpy(&bytes[b], &d, 2);
+      if (type == DType::kQ4_1) std::memcpy(&bytes[b + 2], &neg_m, 2);
+    }
+  }
+  const HostTensor view{bytes.data(), type, m, k, row_bytes};
+  return *backend.PackWeight({&view, 1});
+}
+
+// y[n, m] = x[n, k] · w[m, k]ᵀ for w stored as F32 (0), Q8_0 (8) or Q4_1 (3), on the path
+// RIDGESERVE_CPU_ISA names (default: the best this CPU has).
+void BM_Linear(benchmark::State& state) {
   const int32_t n = state.range(0), k = state.range(1), m = state.range(2);
-  auto backend = CreateCpuBackend(kThreads);
+  const DType type = static_cast<DType>(state.range(3));
+  auto backend = *CreateCpuBackendFromEnvironment(kThreads);
   const std::vector<float> x = RandomFloats(size_t(n) * k, 1);
-  const std::vector<float> w = RandomFloats(size_t(m) * k, 2, -0.05f, 0.05f);
+  const Weight w = RandomWeight(*backend, type, m, k, 2);
   std::vector<float> y(size_t(n) * m);
   for (auto _ : state) {
-    backend->MatMul(x.data(), n, k, w.data(), m, nullptr, y.data());
+    backend->Linear(x.data(), n, w, nullptr, y.data());
     benchmark::ClobberMemory();
   }
   state.counters["FLOPS"] =
       benchmark::Counter(2.0 * n * k * m, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["weight_bytes_per_s"] =
+      benchmark::Counter(w.bytes(), benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_MatMul)
-    ->ArgNames({"n", "k", "m"})
-    ->Args({512, 576, 576})   // q / o projection
-    ->Args({512, 576, 192})   // k or v projection
-    ->Args({512, 576, 960})   // fused q, k, v
-    ->Args({512, 576, 3072})  // fused gate and up
-    ->Args({512, 1536, 576})  // down
-    ->Args({1, 576, 49152})   // LM head for one decode row
-    ->Args({1, 576, 576})     // decode q projection
-    ->UseRealTime();
+// Prefill shapes of the default model, then decode rows (one row: weight bandwidth bound).
+void LinearArgs(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n", "k", "m", "type"});
+  for (int type : {0, 8, 3}) {
+    b->Args({512, 576, 960, type});   // fused q, k, v
+    b->Args({512, 576, 576, type});   // o projection
+    b->Args({512, 576, 3072, type});  // fused gate and up
+    b->Args({512, 1536, 576, type});  // down
+    b->Args({1, 576, 3072, type});    // decode gate and up
+    b->Args({1, 1536, 576, type});    // decode down
+    b->Args({1, 576, 49152, type});   // LM head for one decode row
+  }
+}
+BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime();
 
 // One layer's K/V for `num_seqs` sequences of `context` tokens in a cache of 16-token blocks
 // handed out in shuffled order, and query rows for the last `rows_per_seq` positions of each.
@@ -208,17 +268,17 @@ void BM_SwiGlu(benchmark::State& state) {
 BENCHMARK(BM_SwiGlu)->UseRealTime();
 
 // One decoder layer of a 512-row prefill chunk at positions [context - 512, context), in the
-// order the engine runs it, so OpenBLAS's and OpenMP's thread pools hand over as they would.
+// order the engine runs it, with Q4_1 projections as in the default model.
 void BM_PrefillLayer(benchmark::State& state) {
   constexpr int32_t n = 512, dim = 576, ff = 1536, heads = 9, kv_heads = 3, hd = 64;
   constexpr int32_t qkv = (heads + 2 * kv_heads) * hd;
   const int32_t context = static_cast<int32_t>(state.range(0));
-  auto backend = CreateCpuBackend(kThreads);
+  auto backend = *CreateCpuBackendFromEnvironment(kThreads);
   AttentionSetup setup(1, context, n);
-  const std::vector<float> w_qkv = RandomFloats(size_t(qkv) * dim, 11, -0.05f, 0.05f);
-  const std::vector<float> w_o = RandomFloats(size_t(dim) * dim, 12, -0.05f, 0.05f);
-  const std::vector<float> w_gu = RandomFloats(size_t(2) * ff * dim, 13, -0.05f, 0.05f);
-  const std::vector<float> w_down = RandomFloats(size_t(dim) * ff, 14, -0.05f, 0.05f);
+  const Weight w_qkv = RandomWeight(*backend, DType::kQ4_1, qkv, dim, 11);
+  const Weight w_o = RandomWeight(*backend, DType::kQ4_1, dim, dim, 12);
+  const Weight w_gu = RandomWeight(*backend, DType::kQ4_1, 2 * ff, dim, 13);
+  const Weight w_down = RandomWeight(*backend, DType::kQ4_1, dim, ff, 14);
   const std::vector<float> norm_w = RandomFloats(dim, 15, 0.5f, 1.5f);
   std::vector<float> inv_freq(hd / 2);
   for (int32_t j = 0; j < hd / 2; ++j) inv_freq[j] = std::pow(1e5f, -2.0f * j / hd);
@@ -234,19 +294,19 @@ void BM_PrefillLayer(benchmark::State& state) {
   double flops = setup.flops + 2.0 * n * dim * (qkv + dim + 3 * ff);
   for (auto _ : state) {
     backend->RmsNorm(h.data(), norm_w.data(), n, dim, 1e-5f, x.data());
-    backend->MatMul(x.data(), n, dim, w_qkv.data(), qkv, nullptr, qkv_buf.data());
+    backend->Linear(x.data(), n, w_qkv, nullptr, qkv_buf.data());
     backend->Rope(qkv_buf.data(), qkv, n, heads, hd, setup.positions.data(), inv_freq.data());
     backend->Rope(qkv_buf.data() + heads * hd, qkv, n, kv_heads, hd, setup.positions.data(),
                   inv_freq.data());
     backend->StoreKv(setup.view, qkv_buf.data() + heads * hd,
                      qkv_buf.data() + (heads + kv_heads) * hd, qkv, n, slots.data());
     backend->Attention(qkv_buf.data(), qkv, heads, setup.view, setup.rows, 0.125f, attn.data());
-    backend->MatMul(attn.data(), n, dim, w_o.data(), dim, nullptr, proj.data());
+    backend->Linear(attn.data(), n, w_o, nullptr, proj.data());
     backend->Add(h.data(), proj.data(), proj.size());
     backend->RmsNorm(h.data(), norm_w.data(), n, dim, 1e-5f, x.data());
-    backend->MatMul(x.data(), n, dim, w_gu.data(), 2 * ff, nullptr, gu.data());
+    backend->Linear(x.data(), n, w_gu, nullptr, gu.data());
     backend->SwiGlu(gu.data(), n, ff, act.data());
-    backend->MatMul(act.data(), n, ff, w_down.data(), dim, nullptr, proj.data());
+    backend->Linear(act.data(), n, w_down, nullptr, proj.data());
     backend->Add(h.data(), proj.data(), proj.size());
     // Keep the residual stream bounded across iterations.
     backend->RmsNorm(h.data(), norm_w.data(), n, dim, 1e-5f, h.data());

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -30,7 +32,9 @@ double UlpError(float got, double exact) {
 class CountingBackend final : public Backend {
  public:
   std::string_view name() const override { return "counting"; }
-  DeviceBuffer Alloc(size_t bytes) override { return DeviceBuffer(this, new char[bytes], bytes); }
+  absl::StatusOr<DeviceBuffer> Alloc(size_t bytes) override {
+    return DeviceBuffer(this, new char[bytes], bytes);
+  }
   void FreeRaw(void* data) override {
     ++frees;
     delete[] static_cast<char*>(data);
@@ -38,11 +42,15 @@ class CountingBackend final : public Backend {
   void CopyToDevice(void*, const void*, size_t) override {}
   void CopyToHost(void*, const void*, size_t) override {}
   void Synchronize() override {}
-  void Embed(const float*, int32_t, const int32_t*, int32_t, float*) override {}
+  absl::StatusOr<Weight> PackWeight(std::span<const HostTensor>) override { return Weight(); }
+  absl::Status UnpackWeight(const Weight&, int64_t, int64_t, float*) override {
+    return absl::OkStatus();
+  }
+  void Embed(const Weight&, const int32_t*, int32_t, float*) override {}
   void RmsNorm(const float*, const float*, int32_t, int32_t, float, float*) override {}
   void RmsNormHeads(float*, int32_t, int32_t, int32_t, int32_t, const float*, float) override {}
-  void MatMul(const float*, int32_t, int32_t, const float*, int32_t, const float*,
-              float*) override {}
+  void LinearRows(const float*, int32_t, const Weight&, int64_t, int64_t, const float*,
+                  float*) override {}
   void Rope(float*, int32_t, int32_t, int32_t, int32_t, const int32_t*, const float*) override {}
   void StoreKv(const KvLayerView&, const float*, const float*, int32_t, int32_t,
                const int32_t*) override {}
@@ -58,12 +66,12 @@ class CountingBackend final : public Backend {
 TEST(DeviceBufferTest, FreesExactlyOnceThroughMoves) {
   CountingBackend backend;
   {
-    DeviceBuffer a = backend.Alloc(16);
+    DeviceBuffer a = *backend.Alloc(16);
     DeviceBuffer b = std::move(a);  // move construction
     EXPECT_EQ(a.as<void>(), nullptr);
     EXPECT_EQ(a.bytes(), 0u);
     EXPECT_EQ(b.bytes(), 16u);
-    DeviceBuffer c = backend.Alloc(8);
+    DeviceBuffer c = *backend.Alloc(8);
     c = std::move(b);  // frees c's old memory
     EXPECT_EQ(backend.frees, 1);
     EXPECT_EQ(c.bytes(), 16u);
@@ -75,17 +83,25 @@ TEST(DeviceBufferTest, FreesExactlyOnceThroughMoves) {
   EXPECT_EQ(backend.frees, 2);
 }
 
+TEST(CpuMemoryTest, AllocFailureIsAnError) {
+  auto backend = CreateCpuBackend(1);
+  const absl::StatusOr<DeviceBuffer> huge = backend->Alloc(size_t{1} << 62);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(huge.status().message()), ::testing::HasSubstr("4611686018427387904"));
+}
+
 TEST(CpuMemoryTest, AllocIsAlignedAndUsable) {
   auto backend = CreateCpuBackend(2);
   EXPECT_EQ(backend->name(), "cpu");
   for (size_t bytes : {size_t{1}, size_t{63}, size_t{64}, size_t{1000}, size_t{1} << 20}) {
-    DeviceBuffer buf = backend->Alloc(bytes);
+    DeviceBuffer buf = *backend->Alloc(bytes);
     ASSERT_NE(buf.as<void>(), nullptr) << bytes;
     EXPECT_EQ(buf.bytes(), bytes);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(buf.as<void>()) % 64, 0u) << bytes;
     std::memset(buf.as<void>(), 0xAB, bytes);
   }
-  DeviceBuffer empty = backend->Alloc(0);
+  DeviceBuffer empty = *backend->Alloc(0);
   EXPECT_EQ(empty.as<void>(), nullptr);
   EXPECT_EQ(empty.bytes(), 0u);
 }
@@ -93,7 +109,7 @@ TEST(CpuMemoryTest, AllocIsAlignedAndUsable) {
 TEST(CpuMemoryTest, CopiesRoundTrip) {
   auto backend = CreateCpuBackend(1);
   const std::vector<float> host = RandomFloats(1000, 1);
-  DeviceBuffer dev = backend->Alloc(host.size() * sizeof(float));
+  DeviceBuffer dev = *backend->Alloc(host.size() * sizeof(float));
   backend->CopyToDevice(dev.as<void>(), host.data(), host.size() * sizeof(float));
   std::vector<float> back(host.size());
   backend->CopyToHost(back.data(), dev.as<void>(), back.size() * sizeof(float));
@@ -108,7 +124,10 @@ TEST(CpuOpsTest, EmbedAndGatherRowsCopyRows) {
   const std::vector<int32_t> ids = {0, 49, 7, 7, 13, 0, 25};
   const int32_t n = static_cast<int32_t>(ids.size());
   std::vector<float> embed(size_t(n) * dim), gather(size_t(n) * dim);
-  backend->Embed(table.data(), dim, ids.data(), n, embed.data());
+  const HostTensor view{reinterpret_cast<const uint8_t*>(table.data()), DType::kF32, vocab, dim,
+                        sizeof(float) * dim};
+  const Weight packed = *backend->PackWeight({&view, 1});
+  backend->Embed(packed, ids.data(), n, embed.data());
   backend->GatherRows(table.data(), dim, ids.data(), n, gather.data());
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t j = 0; j < dim; ++j) {

@@ -22,9 +22,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "engine/model/dequant.h"
 #include "engine/model/gguf.h"
 #include "engine/model/safetensors.h"
+#include "kernels/dtype.h"
 #include "nlohmann/json.hpp"
 
 namespace ridgeserve {

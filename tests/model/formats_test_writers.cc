@@ -75,7 +75,7 @@ void GgufWriter::AddF32Array(const std::string& key, const std::vector<float>& v
   AddRaw(key, static_cast<uint32_t>(GgufValue::kArray), w.bytes());
 }
 
-void GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::vector<uint64_t>& ne,
+void GgufWriter::AddTensor(const std::string& name, DType type, const std::vector<uint64_t>& ne,
                            const std::string& data) {
   tensors_.push_back({name, type, ne, data});
 }
@@ -83,7 +83,7 @@ void GgufWriter::AddTensor(const std::string& name, GgmlType type, const std::ve
 void GgufWriter::AddF32Tensor(const std::string& name, const std::vector<int64_t>& shape,
                               const std::vector<float>& values) {
   std::vector<uint64_t> ne(shape.rbegin(), shape.rend());
-  AddTensor(name, GgmlType::kF32, ne, F32Bytes(values));
+  AddTensor(name, DType::kF32, ne, F32Bytes(values));
 }
 
 std::string GgufWriter::Build() const {

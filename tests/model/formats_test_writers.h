@@ -87,7 +87,7 @@ class GgufWriter {
   void AddRaw(const std::string& key, uint32_t type, const std::string& value);
 
   // `ne` is innermost-first (ggml order); `data` is the stored bytes.
-  void AddTensor(const std::string& name, GgmlType type, const std::vector<uint64_t>& ne,
+  void AddTensor(const std::string& name, DType type, const std::vector<uint64_t>& ne,
                  const std::string& data);
   // An F32 tensor of outermost-first `shape` (PyTorch order), row-major `values`.
   void AddF32Tensor(const std::string& name, const std::vector<int64_t>& shape,
@@ -98,7 +98,7 @@ class GgufWriter {
  private:
   struct Tensor {
     std::string name;
-    GgmlType type;
+    DType type;
     std::vector<uint64_t> ne;
     std::string data;
   };

@@ -10,11 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/model/dequant.h"
 #include "engine/model/gguf.h"
 #include "engine/model/mapped_file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
 #include "tests/model/formats_test_writers.h"
 
 namespace ridgeserve {
@@ -94,10 +94,10 @@ std::string RichFile(uint32_t version = 3) {
   }
   w.AddF32Tensor("a.f32", {2, 3}, {1, 2, 3, 4, 5, 6});
   w.AddTensor(
-      "b.q8_0", GgmlType::kQ8_0, {64, 2},
+      "b.q8_0", DType::kQ8_0, {64, 2},
       Q8Block(0x3800, -128) + Q8Block(0x3C00, 0) + Q8Block(0x4000, 50) + Q8Block(0x0001, 95));
   // f16: 1, -2, 65504 (max), 2^-24 (smallest subnormal), -0.
-  w.AddTensor("c.f16", GgmlType::kF16, {5},
+  w.AddTensor("c.f16", DType::kF16, {5},
               testing::U16Bytes({0x3C00, 0xC000, 0x7BFF, 0x0001, 0x8000}));
   return w.Build();
 }
@@ -186,7 +186,7 @@ TEST(GgufTest, ReadsEveryValueTypeAndTensor) {
 
   const TensorInfo* b = g.FindTensor("b.q8_0");
   ASSERT_NE(b, nullptr);
-  EXPECT_EQ(b->type, GgmlType::kQ8_0);
+  EXPECT_EQ(b->type, DType::kQ8_0);
   EXPECT_EQ(b->shape, (std::vector<int64_t>{2, 64}));
   EXPECT_EQ(b->num_bytes, 4u * 34u);
   std::vector<float> bv = *g.ReadF32(*b);
@@ -264,7 +264,7 @@ TEST(GgufTest, TruncationThroughLargeDataFails) {
   w.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "c"});
   std::vector<float> values(16384, 0.25f);
   w.AddF32Tensor("big", {128, 128}, values);
-  w.AddTensor("tail.q8_0", GgmlType::kQ8_0, {32}, Q8Block(0x3C00, 1));
+  w.AddTensor("tail.q8_0", DType::kQ8_0, {32}, Q8Block(0x3C00, 1));
   const std::string bytes = w.Build();
   ASSERT_TRUE(OpenBytes(dir, bytes).ok());
   const std::string path = dir.File("trunc.gguf");
@@ -342,12 +342,12 @@ TEST(GgufTest, AbsurdCountsFailFastInTheRightPhase) {
 TEST(GgufTest, DimensionProductOverflowIsRejected) {
   TempDir dir;
   GgufWriter w;
-  w.AddTensor("w", GgmlType::kF32, {1ull << 40, 1ull << 40}, std::string(64, '\0'));
+  w.AddTensor("w", DType::kF32, {1ull << 40, 1ull << 40}, std::string(64, '\0'));
   absl::Status s = OpenBytes(dir, w.Build()).status();
   EXPECT_THAT(Message(s), HasSubstr(": tensor infos: element count overflows int64 (tensor w)"));
   // 2^61 f32 elements fit int64 but not the byte count.
   GgufWriter w2;
-  w2.AddTensor("w", GgmlType::kF32, {1ull << 31, 1ull << 30}, std::string(64, '\0'));
+  w2.AddTensor("w", DType::kF32, {1ull << 31, 1ull << 30}, std::string(64, '\0'));
   s = OpenBytes(dir, w2.Build()).status();
   EXPECT_FALSE(s.ok());
   EXPECT_THAT(Message(s), HasSubstr("(tensor w)"));
@@ -444,7 +444,7 @@ TEST(GgufTest, BadTensorTablesFail) {
   }
   {
     GgufWriter w;
-    w.AddTensor("q", GgmlType::kQ8_0, {48, 2}, std::string(34 * 3, '\0'));
+    w.AddTensor("q", DType::kQ8_0, {48, 2}, std::string(34 * 3, '\0'));
     EXPECT_THAT(error_of(w), HasSubstr("innermost dimension 48 is not a multiple of the Q8_0 "
                                        "block size 32 (tensor q)"));
   }
@@ -503,17 +503,17 @@ TEST(GgufTest, EmptyAndMetadataOnlyFiles) {
 }
 
 TEST(DequantTraitsTest, TraitsAndSizes) {
-  EXPECT_EQ(GetTypeTraits(GgmlType::kQ4_1)->block_bytes, 20);
-  EXPECT_EQ(GetTypeTraits(GgmlType::kQ6_K)->block_elements, 256);
-  EXPECT_EQ(*StorageBytes(GgmlType::kQ4_K, 512), 288u);
-  EXPECT_EQ(*StorageBytes(GgmlType::kBF16, 3), 6u);
-  EXPECT_TRUE(absl::IsInvalidArgument(StorageBytes(GgmlType::kQ4_0, 33).status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(StorageBytes(GgmlType::kF32, -1).status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(StorageBytes(GgmlType::kF32, int64_t{1} << 62).status()));
-  EXPECT_TRUE(absl::IsUnimplemented(GetTypeTraits(GgmlType::kQ8_1).status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(GetTypeTraits(static_cast<GgmlType>(1000)).status()));
+  EXPECT_EQ(GetTypeTraits(DType::kQ4_1)->block_bytes, 20);
+  EXPECT_EQ(GetTypeTraits(DType::kQ6_K)->block_elements, 256);
+  EXPECT_EQ(*StorageBytes(DType::kQ4_K, 512), 288u);
+  EXPECT_EQ(*StorageBytes(DType::kBF16, 3), 6u);
+  EXPECT_TRUE(absl::IsInvalidArgument(StorageBytes(DType::kQ4_0, 33).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(StorageBytes(DType::kF32, -1).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(StorageBytes(DType::kF32, int64_t{1} << 62).status()));
+  EXPECT_TRUE(absl::IsUnimplemented(GetTypeTraits(DType::kQ8_1).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(GetTypeTraits(static_cast<DType>(1000)).status()));
   float out[32];
-  EXPECT_TRUE(absl::IsInvalidArgument(DequantizeRow(GgmlType::kQ8_0, nullptr, 31, out)));
+  EXPECT_TRUE(absl::IsInvalidArgument(DequantizeRow(DType::kQ8_0, nullptr, 31, out)));
 }
 
 // The real default model (fetched by `make model`): the facts MODEL_NOTES.md lists, read
@@ -533,12 +533,12 @@ TEST(GgufDefaultModelTest, OpensTheDefaultModel) {
   EXPECT_EQ((*g)->GetStringArray("tokenizer.ggml.tokens")->size(), 49152u);
   const TensorInfo* embd = (*g)->FindTensor("token_embd.weight");
   ASSERT_NE(embd, nullptr);
-  EXPECT_EQ(embd->type, GgmlType::kQ8_0);
+  EXPECT_EQ(embd->type, DType::kQ8_0);
   EXPECT_EQ(embd->shape, (std::vector<int64_t>{49152, 576}));
   EXPECT_EQ((*g)->FindTensor("output.weight"), nullptr);  // tied embeddings
   const TensorInfo* q = (*g)->FindTensor("blk.0.attn_q.weight");
   ASSERT_NE(q, nullptr);
-  EXPECT_EQ(q->type, GgmlType::kQ4_1);
+  EXPECT_EQ(q->type, DType::kQ4_1);
   EXPECT_EQ(q->shape, (std::vector<int64_t>{576, 576}));
   double checksum = 0;
   for (const TensorInfo& t : (*g)->tensors()) {

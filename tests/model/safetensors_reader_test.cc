@@ -69,7 +69,7 @@ TEST(SafetensorsTest, ReadsF32F16BF16) {
 
   const TensorInfo* a = (*m)->FindTensor("model.a");
   ASSERT_NE(a, nullptr);
-  EXPECT_EQ(a->type, GgmlType::kF32);
+  EXPECT_EQ(a->type, DType::kF32);
   EXPECT_EQ(a->shape, (std::vector<int64_t>{2, 3}));
   EXPECT_THAT(*(*m)->ReadF32(*a), ElementsAre(1, 2, 3, 4, 5, 6));
   EXPECT_THAT(*(*m)->ReadF32(*(*m)->FindTensor("model.b")),

@@ -56,8 +56,11 @@ def run_logits(
     text_file: Optional[str] = None,
     chunk: Optional[int] = None,
     timeout_s: float = 600.0,
+    activations: Optional[str] = None,
 ) -> EvalLogits:
-    """ridgeserve-eval logits on token ids or a text file; checks the output's shape."""
+    """ridgeserve-eval logits on token ids or a text file; checks the output's shape.
+    `activations` is the CPU Linear arithmetic (--cpu_activations: "int8", the default, or
+    "f32")."""
     import time
 
     if (token_ids is None) == (text_file is None):
@@ -71,6 +74,8 @@ def run_logits(
             cmd += ["--text", text_file]
         if chunk is not None:
             cmd += ["--chunk", str(chunk)]
+        if activations is not None:
+            cmd += ["--cpu_activations", activations]
         start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         seconds = time.monotonic() - start

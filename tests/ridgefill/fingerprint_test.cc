@@ -14,8 +14,7 @@ namespace {
 // An in-memory tensor table: the fingerprint reads only names, types, shapes and bytes.
 class TableSource : public TensorSource {
  public:
-  void Add(std::string name, GgmlType type, std::vector<int64_t> shape, size_t bytes,
-           uint8_t fill) {
+  void Add(std::string name, DType type, std::vector<int64_t> shape, size_t bytes, uint8_t fill) {
     storage_.push_back(std::vector<uint8_t>(bytes));
     for (size_t i = 0; i < bytes; ++i) storage_.back()[i] = static_cast<uint8_t>(fill + i * 7);
     TensorInfo t;
@@ -59,9 +58,9 @@ class TableSource : public TensorSource {
 
 TableSource MakeTable() {
   TableSource s;
-  s.Add("blk.0.attn_q.weight", GgmlType::kQ4_1, {64, 64}, 20000, 1);
-  s.Add("token_embd.weight", GgmlType::kF16, {100, 64}, 12800, 2);
-  s.Add("output_norm.weight", GgmlType::kF32, {64}, 256, 3);
+  s.Add("blk.0.attn_q.weight", DType::kQ4_1, {64, 64}, 20000, 1);
+  s.Add("token_embd.weight", DType::kF16, {100, 64}, 12800, 2);
+  s.Add("output_norm.weight", DType::kF32, {64}, 256, 3);
   return s;
 }
 
@@ -94,7 +93,7 @@ TEST(FingerprintTest, SensitiveToWhatIdentifiesAModel) {
   }
   {
     TableSource s = MakeTable();
-    s.mutable_tensors()[1].type = GgmlType::kBF16;
+    s.mutable_tensors()[1].type = DType::kBF16;
     EXPECT_NE(TensorTableHash(s), base);
   }
   {

@@ -42,6 +42,8 @@ ABSL_FLAG(int32_t, split, 14, "split layer");
 ABSL_FLAG(int32_t, tail, 256, "exact tail tokens");
 ABSL_FLAG(int32_t, chunk, 512, "prefill chunk");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads");
+ABSL_FLAG(std::string, cpu_activations, "int8",
+          "CPU Linear arithmetic: int8 (as served) or f32 (the reference)");
 ABSL_FLAG(bool, dump_kv, false, "add tokens and layer s + 2's filled K/V rows to the JSON");
 
 namespace ridgeserve {
@@ -91,7 +93,10 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 absl::StatusOr<Json> Run() {
-  std::unique_ptr<Backend> backend = CreateCpuBackend(absl::GetFlag(FLAGS_threads));
+  RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
+                      cpu::ParseActivations(absl::GetFlag(FLAGS_cpu_activations)));
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                      CreateCpuBackendFromEnvironment(absl::GetFlag(FLAGS_threads), activations));
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                       LoadModel(absl::GetFlag(FLAGS_model), *backend));
   const ModelConfig& c = model->config;
@@ -177,8 +182,10 @@ absl::StatusOr<Json> Run() {
     RS_RETURN_IF_ERROR(a_runner.Append(std::span(tokens).first(len_a), chunk, false, alone));
   }
   const int32_t bs = 16;
-  PagedKvCache cache(*backend, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, bs,
-                                            (len_a + len_b) / bs + 2});
+  RS_ASSIGN_OR_RETURN(
+      PagedKvCache cache,
+      PagedKvCache::Create(*backend, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, bs,
+                                                  (len_a + len_b) / bs + 2}));
   BlockTable table_a, table_b;
   RS_RETURN_IF_ERROR(table_b.Reserve(cache.pool(), len_b, bs));
   RS_RETURN_IF_ERROR(table_a.Reserve(cache.pool(), len_a, bs));

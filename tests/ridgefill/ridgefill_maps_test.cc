@@ -47,7 +47,7 @@ class RidgeFillMapsTest : public ::testing::Test {
       LayerWeights lw;
       wqkv_.push_back(Random(static_cast<size_t>(kQDim + 2 * kKvDim) * kHidden, rng));
       bqkv_.push_back(Random(kQDim + 2 * kKvDim, rng));
-      lw.wqkv = Upload(wqkv_.back());
+      lw.wqkv = Pack(wqkv_.back(), kQDim + 2 * kKvDim, kHidden);
       lw.bqkv = Upload(bqkv_.back());
       w.layers.push_back(std::move(lw));
     }
@@ -55,9 +55,19 @@ class RidgeFillMapsTest : public ::testing::Test {
   }
 
   DeviceBuffer Upload(const std::vector<float>& v) {
-    DeviceBuffer b = backend_->Alloc(sizeof(float) * v.size());
+    DeviceBuffer b = *backend_->Alloc(sizeof(float) * v.size());
     backend_->CopyToDevice(b.as<void>(), v.data(), sizeof(float) * v.size());
     return b;
+  }
+  Weight Pack(const std::vector<float>& v, int64_t rows, int64_t cols) {
+    const HostTensor view{reinterpret_cast<const uint8_t*>(v.data()), DType::kF32, rows, cols,
+                          sizeof(float) * static_cast<size_t>(cols)};
+    return *backend_->PackWeight({&view, 1});
+  }
+  std::vector<float> Download(const Weight& w) {
+    std::vector<float> v(static_cast<size_t>(w.rows() * w.cols()));
+    EXPECT_TRUE(backend_->UnpackWeight(w, 0, w.rows(), v.data()).ok());
+    return v;
   }
   std::vector<float> Download(const DeviceBuffer& b) {
     std::vector<float> v(b.bytes() / sizeof(float));

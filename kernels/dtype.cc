@@ -7,9 +7,10 @@
 // result is then bit-identical to gguf.quants.dequantize. (ISO C++ mode makes GCC keep products
 // and sums apart; clang's default contracts only within one expression. Only
 // -ffp-contract=fast could fuse them into an FMA, and the dequant test would then say so.)
-#include "engine/model/dequant.h"
+#include "kernels/dtype.h"
 
 #include <bit>
+#include <cassert>
 #include <cstring>
 #include <limits>
 
@@ -38,7 +39,8 @@ uint32_t LoadU32(const uint8_t* p) {
   return v;
 }
 
-// Exact binary16 -> binary32 (every f16 value, subnormals, infinities and NaN payloads).
+}  // namespace
+
 float HalfToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   const uint32_t exponent = (h >> 10) & 0x1Fu;
@@ -55,6 +57,8 @@ float HalfToFloat(uint16_t h) {
   }
   return std::bit_cast<float>(bits);
 }
+
+namespace {
 
 float LoadHalf(const uint8_t* p) { return HalfToFloat(LoadU16(p)); }
 
@@ -263,7 +267,7 @@ void DequantizeQ6_K(const uint8_t* src, int64_t num_blocks, float* dst) {
 }
 
 // ggml type names by id, so an unsupported type is named in errors rather than numbered.
-absl::string_view GgmlTypeName(uint32_t id) {
+absl::string_view DTypeName(uint32_t id) {
   static constexpr absl::string_view kNames[] = {
       "F32",   "F16",        "Q4_0",       "Q4_1",       "Q4_2",     "Q4_3",     "Q5_0",
       "Q5_1",  "Q8_0",       "Q8_1",       "Q2_K",       "Q3_K",     "Q4_K",     "Q5_K",
@@ -277,39 +281,117 @@ absl::string_view GgmlTypeName(uint32_t id) {
 
 }  // namespace
 
-absl::StatusOr<TypeTraits> GetTypeTraits(GgmlType type) {
+bool HasIntegerBlocks32(DType type) {
   switch (type) {
-    case GgmlType::kF32:
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ8_0:
+    case DType::kQ4_K:
+    case DType::kQ5_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void IntegerBlocks32(DType type, const uint8_t* src, int64_t cols, float* d, float* m, uint8_t* q) {
+  const int64_t blocks = cols / kQK;
+  for (int64_t b = 0; b < blocks; ++b, q += kQK) {
+    switch (type) {
+      case DType::kQ4_0:
+      case DType::kQ4_1: {
+        const bool with_min = type == DType::kQ4_1;
+        const uint8_t* block = src + b * (with_min ? 20 : 18);
+        d[b] = LoadHalf(block);
+        m[b] = with_min ? LoadHalf(block + 2) : -8.0f * d[b];
+        const uint8_t* qs = block + (with_min ? 4 : 2);
+        for (int j = 0; j < 16; ++j) {
+          q[j] = qs[j] & 0x0F;
+          q[j + 16] = qs[j] >> 4;
+        }
+        break;
+      }
+      case DType::kQ5_0:
+      case DType::kQ5_1: {
+        const bool with_min = type == DType::kQ5_1;
+        const uint8_t* block = src + b * (with_min ? 24 : 22);
+        d[b] = LoadHalf(block);
+        m[b] = with_min ? LoadHalf(block + 2) : -16.0f * d[b];
+        const uint32_t qh = LoadU32(block + (with_min ? 4 : 2));
+        const uint8_t* qs = block + (with_min ? 8 : 6);
+        for (int j = 0; j < 16; ++j) {
+          q[j] = (qs[j] & 0x0F) | (((qh >> j) & 1) << 4);
+          q[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+        }
+        break;
+      }
+      case DType::kQ8_0: {
+        const uint8_t* block = src + b * 34;
+        d[b] = LoadHalf(block);
+        m[b] = 0.0f;
+        std::memcpy(q, block + 2, kQK);
+        break;
+      }
+      case DType::kQ4_K:
+      case DType::kQ5_K: {
+        const bool five = type == DType::kQ5_K;
+        const uint8_t* super = src + (b / 8) * (five ? 176 : 144);
+        const int j = static_cast<int>(b % 8);
+        uint8_t scale[8], min[8];
+        UnpackKScales(super + 4, scale, min);
+        d[b] = LoadHalf(super) * static_cast<float>(scale[j]);
+        m[b] = -(LoadHalf(super + 2) * static_cast<float>(min[j]));
+        const uint8_t* qh = super + 16;
+        const uint8_t* qs = super + (five ? 48 : 16) + 32 * (j / 2);
+        for (int l = 0; l < kQK; ++l) {
+          q[l] = (qs[l] >> (4 * (j % 2))) & 0x0F;
+          if (five) q[l] |= ((qh[l] >> j) & 1) << 4;
+        }
+        break;
+      }
+      default:
+        assert(false && "not a 32-block integer format");
+    }
+  }
+}
+
+absl::StatusOr<TypeTraits> GetTypeTraits(DType type) {
+  switch (type) {
+    case DType::kF32:
       return TypeTraits{"F32", 1, 4};
-    case GgmlType::kF16:
+    case DType::kF16:
       return TypeTraits{"F16", 1, 2};
-    case GgmlType::kBF16:
+    case DType::kBF16:
       return TypeTraits{"BF16", 1, 2};
-    case GgmlType::kQ4_0:
+    case DType::kQ4_0:
       return TypeTraits{"Q4_0", kQK, 18};
-    case GgmlType::kQ4_1:
+    case DType::kQ4_1:
       return TypeTraits{"Q4_1", kQK, 20};
-    case GgmlType::kQ5_0:
+    case DType::kQ5_0:
       return TypeTraits{"Q5_0", kQK, 22};
-    case GgmlType::kQ5_1:
+    case DType::kQ5_1:
       return TypeTraits{"Q5_1", kQK, 24};
-    case GgmlType::kQ8_0:
+    case DType::kQ8_0:
       return TypeTraits{"Q8_0", kQK, 34};
-    case GgmlType::kQ2_K:
+    case DType::kQ2_K:
       return TypeTraits{"Q2_K", kQK_K, 84};
-    case GgmlType::kQ3_K:
+    case DType::kQ3_K:
       return TypeTraits{"Q3_K", kQK_K, 110};
-    case GgmlType::kQ4_K:
+    case DType::kQ4_K:
       return TypeTraits{"Q4_K", kQK_K, 144};
-    case GgmlType::kQ5_K:
+    case DType::kQ5_K:
       return TypeTraits{"Q5_K", kQK_K, 176};
-    case GgmlType::kQ6_K:
+    case DType::kQ6_K:
       return TypeTraits{"Q6_K", kQK_K, 210};
-    case GgmlType::kQ8_1:
+    case DType::kI32:
+      return TypeTraits{"I32", 1, 4};
+    case DType::kQ8_1:
       break;
   }
   const uint32_t id = static_cast<uint32_t>(type);
-  const absl::string_view name = GgmlTypeName(id);
+  const absl::string_view name = DTypeName(id);
   if (name.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown ggml type id ", id));
   }
@@ -317,7 +399,7 @@ absl::StatusOr<TypeTraits> GetTypeTraits(GgmlType type) {
       absl::StrCat("ggml type ", name, " (id ", id, ") is not supported by this build"));
 }
 
-absl::StatusOr<size_t> StorageBytes(GgmlType type, int64_t num_elements) {
+absl::StatusOr<size_t> StorageBytes(DType type, int64_t num_elements) {
   absl::StatusOr<TypeTraits> traits = GetTypeTraits(type);
   if (!traits.ok()) return traits.status();
   if (num_elements < 0 || num_elements % traits->block_elements != 0) {
@@ -334,7 +416,7 @@ absl::StatusOr<size_t> StorageBytes(GgmlType type, int64_t num_elements) {
   return static_cast<size_t>(blocks * block_bytes);
 }
 
-absl::Status DequantizeRow(GgmlType type, const uint8_t* src, int64_t num_elements, float* dst) {
+absl::Status DequantizeRow(DType type, const uint8_t* src, int64_t num_elements, float* dst) {
   absl::StatusOr<TypeTraits> traits = GetTypeTraits(type);
   if (!traits.ok()) return traits.status();
   if (num_elements < 0 || num_elements % traits->block_elements != 0) {
@@ -344,46 +426,48 @@ absl::Status DequantizeRow(GgmlType type, const uint8_t* src, int64_t num_elemen
   }
   const int64_t blocks = num_elements / traits->block_elements;
   switch (type) {
-    case GgmlType::kF32:
+    case DType::kF32:
       if (num_elements > 0) std::memcpy(dst, src, static_cast<size_t>(num_elements) * 4);
       break;
-    case GgmlType::kF16:
+    case DType::kF16:
       DequantizeF16(src, num_elements, dst);
       break;
-    case GgmlType::kBF16:
+    case DType::kBF16:
       DequantizeBF16(src, num_elements, dst);
       break;
-    case GgmlType::kQ4_0:
+    case DType::kQ4_0:
       DequantizeQ4_0(src, blocks, dst);
       break;
-    case GgmlType::kQ4_1:
+    case DType::kQ4_1:
       DequantizeQ4_1(src, blocks, dst);
       break;
-    case GgmlType::kQ5_0:
+    case DType::kQ5_0:
       DequantizeQ5_0(src, blocks, dst);
       break;
-    case GgmlType::kQ5_1:
+    case DType::kQ5_1:
       DequantizeQ5_1(src, blocks, dst);
       break;
-    case GgmlType::kQ8_0:
+    case DType::kQ8_0:
       DequantizeQ8_0(src, blocks, dst);
       break;
-    case GgmlType::kQ2_K:
+    case DType::kQ2_K:
       DequantizeQ2_K(src, blocks, dst);
       break;
-    case GgmlType::kQ3_K:
+    case DType::kQ3_K:
       DequantizeQ3_K(src, blocks, dst);
       break;
-    case GgmlType::kQ4_K:
+    case DType::kQ4_K:
       DequantizeQ4_K(src, blocks, dst);
       break;
-    case GgmlType::kQ5_K:
+    case DType::kQ5_K:
       DequantizeQ5_K(src, blocks, dst);
       break;
-    case GgmlType::kQ6_K:
+    case DType::kQ6_K:
       DequantizeQ6_K(src, blocks, dst);
       break;
-    case GgmlType::kQ8_1:  // GetTypeTraits refused it above.
+    case DType::kI32:
+      return absl::InvalidArgumentError("I32 data does not convert to f32 weights");
+    case DType::kQ8_1:  // GetTypeTraits refused it above.
       break;
   }
   return absl::OkStatus();

@@ -1,0 +1,708 @@
+// Linear on the CPU. Each thread takes a contiguous range of w's rows in tiles of kNr (f32) or
+// kNrInt8 rows. f32 path: a tile is converted to an f32 panel in L1 (once per block of
+// kRowBlock rows of x) and a kernel runs MR rows of x against it, so every stored type shares
+// one kernel and multiplies exactly DequantizeRow's values. int8 path: x is quantized once per
+// call, and the kernel reads the packed integers directly.
+#include "kernels/cpu/linear.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace ridgeserve::cpu {
+namespace {
+
+constexpr int kLanes = 8;  // the arithmetic's lane count (linear.h), whatever the vector width
+// Tile: kMr rows of x by kNr rows of w. 4 x 3 accumulators + 3 panel rows + 1 x vector fill
+// the 16 AVX2 registers.
+constexpr int kMr = 4;
+constexpr int kNr = 3;
+// Rows of x per pass over the thread's weight rows: 64 rows of a 1536-wide x are 384 KiB,
+// which stays in L2 while the panels stream by; each panel is converted once per pass.
+constexpr int32_t kRowBlock = 64;
+// int8 tile: 4 rows of x by 2 rows of w (8 accumulators, 2 weight blocks, sign/abs copies for
+// int8 weights and broadcast scales fill the registers).
+constexpr int kNrInt8 = 2;
+constexpr int kBlock = 32;  // weights per block of the repacked formats
+constexpr size_t kAlignment = 64;
+
+using Layout = CpuWeight::Layout;
+
+// Packed row of a 32-block layout: scales, then the integers.
+struct BlockRow {
+  const float* d;
+  const float* m;  // nullptr for kS8
+  const uint8_t* q;
+};
+
+BlockRow RowOf(const CpuWeight::Segment& s, int64_t local_row, int64_t nb) {
+  const uint8_t* p = s.data + static_cast<size_t>(local_row) * s.row_bytes;
+  const float* d = reinterpret_cast<const float*>(p);
+  if (s.layout == Layout::kS8) return {d, nullptr, reinterpret_cast<const uint8_t*>(d + nb)};
+  return {d, d + nb, reinterpret_cast<const uint8_t*>(d + 2 * nb)};
+}
+
+size_t PackedRowBytes(Layout layout, int64_t cols) {
+  const size_t nb = static_cast<size_t>(cols / kBlock);
+  switch (layout) {
+    case Layout::kU4:
+      return nb * (8 + 16);
+    case Layout::kU8:
+      return nb * (8 + 32);
+    case Layout::kS8:
+      return nb * (4 + 32);
+    case Layout::kStored:
+      break;
+  }
+  return 0;
+}
+
+Layout LayoutFor(DType type) {
+  switch (type) {
+    case DType::kQ4_0:
+    case DType::kQ4_1:
+    case DType::kQ4_K:
+      return Layout::kU4;
+    case DType::kQ5_0:
+    case DType::kQ5_1:
+    case DType::kQ5_K:
+      return Layout::kU8;
+    case DType::kQ8_0:
+      return Layout::kS8;
+    default:
+      return Layout::kStored;
+  }
+}
+
+// One stored row of a 32-block type into `layout` (IntegerBlocks32 gives d, m and q).
+void RepackRow(DType type, Layout layout, const uint8_t* src, int64_t cols, uint8_t* out) {
+  const int64_t nb = cols / kBlock;
+  std::vector<float> d(nb), m(nb);
+  std::vector<uint8_t> q(cols);
+  IntegerBlocks32(type, src, cols, d.data(), m.data(), q.data());
+  std::memcpy(out, d.data(), sizeof(float) * nb);
+  out += sizeof(float) * nb;
+  if (layout != Layout::kS8) {
+    std::memcpy(out, m.data(), sizeof(float) * nb);
+    out += sizeof(float) * nb;
+  }
+  if (layout == Layout::kU4) {
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int e = 0; e < 16; ++e) {
+        out[16 * b + e] = static_cast<uint8_t>(q[kBlock * b + e] | (q[kBlock * b + e + 16] << 4));
+      }
+    }
+  } else {
+    std::memcpy(out, q.data(), cols);
+  }
+}
+
+// Row `r` of a 32-block segment to f32: fma(d, q, m), or d * q for kS8 (IntegerBlocks32's
+// identity makes these DequantizeRow's values).
+void DequantizeBlockRow(const CpuWeight::Segment& s, int64_t local_row, int64_t cols, float* dst,
+                        Isa isa) {
+  const int64_t nb = cols / kBlock;
+  const BlockRow row = RowOf(s, local_row, nb);
+  if (isa == Isa::kAvx2) {
+    const __m128i low_mask = _mm_set1_epi8(0x0F);
+    for (int64_t b = 0; b < nb; ++b, dst += kBlock) {
+      const __m256 d = _mm256_set1_ps(row.d[b]);
+      __m128i bytes[4];  // 8 integers in the low half of each
+      if (s.layout == Layout::kU4) {
+        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.q + 16 * b));
+        const __m128i lo = _mm_and_si128(qs, low_mask);
+        const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_mask);
+        bytes[0] = lo;
+        bytes[1] = _mm_srli_si128(lo, 8);
+        bytes[2] = hi;
+        bytes[3] = _mm_srli_si128(hi, 8);
+      } else {
+        for (int g = 0; g < 4; ++g) {
+          bytes[g] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row.q + kBlock * b + 8 * g));
+        }
+      }
+      for (int g = 0; g < 4; ++g) {
+        if (s.layout == Layout::kS8) {
+          const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes[g]));
+          _mm256_storeu_ps(dst + 8 * g, _mm256_mul_ps(d, q));
+        } else {
+          const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes[g]));
+          _mm256_storeu_ps(dst + 8 * g, _mm256_fmadd_ps(d, q, _mm256_set1_ps(row.m[b])));
+        }
+      }
+    }
+    return;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int e = 0; e < kBlock; ++e) {
+      float* out = dst + kBlock * b + e;
+      switch (s.layout) {
+        case Layout::kU4: {
+          const uint8_t byte = row.q[16 * b + e % 16];
+          const int q = e < 16 ? byte & 0x0F : byte >> 4;
+          *out = std::fma(row.d[b], static_cast<float>(q), row.m[b]);
+          break;
+        }
+        case Layout::kU8:
+          *out = std::fma(row.d[b], static_cast<float>(row.q[kBlock * b + e]), row.m[b]);
+          break;
+        case Layout::kS8:
+          *out = row.d[b] * static_cast<float>(static_cast<int8_t>(row.q[kBlock * b + e]));
+          break;
+        case Layout::kStored:
+          break;
+      }
+    }
+  }
+}
+
+int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// ---- f32 conversion of stored rows --------------------------------------------------------
+
+// AVX2 conversions of stored f16 / bf16 rows, each value as DequantizeRow computes it; other
+// stored types go through DequantizeRow.
+void DequantizeF16Avx2(const uint8_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, sizeof(h));
+    dst[i] = HalfToFloat(h);
+  }
+}
+
+void DequantizeBF16Avx2(const uint8_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(bits));
+  }
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, sizeof(h));
+    const uint32_t bits = uint32_t{h} << 16;
+    std::memcpy(dst + i, &bits, sizeof(bits));
+  }
+}
+
+// One stored row to f32. The types were checked at packing, so conversion cannot fail.
+void DequantizeStoredRow(DType dtype, const uint8_t* src, int64_t cols, float* dst, Isa isa) {
+  if (isa == Isa::kAvx2) {
+    if (dtype == DType::kF16) return DequantizeF16Avx2(src, cols, dst);
+    if (dtype == DType::kBF16) return DequantizeBF16Avx2(src, cols, dst);
+  }
+  const absl::Status status = DequantizeRow(dtype, src, cols, dst);
+  assert(status.ok());
+  (void)status;
+}
+
+// ---- tile kernels -------------------------------------------------------------------------
+
+// y[r * ldy + j] for r < MR, j < NR: x rows ldx apart, panel rows kpad apart (zero past k).
+using TileFn = void (*)(const float* x, int64_t ldx, const float* panel, int64_t kpad, int64_t k,
+                        const float* bias, float* y, int64_t ldy);
+
+float ReduceLanes(const float acc[kLanes]) {
+  const float s0 = acc[0] + acc[4], s1 = acc[1] + acc[5], s2 = acc[2] + acc[6],
+              s3 = acc[3] + acc[7];
+  return (s0 + s2) + (s1 + s3);
+}
+
+template <int MR, int NR>
+void TileScalar(const float* x, int64_t ldx, const float* panel, int64_t kpad, int64_t k,
+                const float* bias, float* y, int64_t ldy) {
+  float acc[MR][NR][kLanes] = {};
+  for (int64_t c = 0; c < kpad; c += kLanes) {
+    for (int r = 0; r < MR; ++r) {
+      for (int l = 0; l < kLanes; ++l) {
+        const float xv = c + l < k ? x[r * ldx + c + l] : 0.0f;
+        for (int j = 0; j < NR; ++j) {
+          acc[r][j][l] = std::fma(xv, panel[j * kpad + c + l], acc[r][j][l]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NR; ++j) {
+      const float sum = ReduceLanes(acc[r][j]);
+      y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
+    }
+  }
+}
+
+// The same tree as ReduceLanes: lanes (i, i + 4), then (i, i + 2), then (0, 1).
+inline float ReduceAvx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+template <int MR, int NR>
+void TileAvx2(const float* x, int64_t ldx, const float* panel, int64_t kpad, int64_t k,
+              const float* bias, float* y, int64_t ldy) {
+  __m256 acc[MR][NR];
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  const int64_t full = k / kLanes * kLanes;
+  for (int64_t c = 0; c < full; c += kLanes) {
+    __m256 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(panel + j * kpad + c);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * ldx + c);
+      for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
+    }
+  }
+  if (full < kpad) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(k - full)), lane);
+    __m256 wv[NR];
+    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(panel + j * kpad + full);
+    for (int r = 0; r < MR; ++r) {
+      const __m256 xv = _mm256_maskload_ps(x + r * ldx + full, mask);
+      for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NR; ++j) {
+      const float sum = ReduceAvx2(acc[r][j]);
+      y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
+    }
+  }
+}
+
+template <int MR, int NR>
+struct ScalarTile {
+  static constexpr TileFn fn = &TileScalar<MR, NR>;
+};
+template <int MR, int NR>
+struct Avx2Tile {
+  static constexpr TileFn fn = &TileAvx2<MR, NR>;
+};
+
+template <template <int, int> class Tile>
+struct TileTable {
+  static constexpr TileFn fns[kMr][kNr] = {
+      {Tile<1, 1>::fn, Tile<1, 2>::fn, Tile<1, 3>::fn},
+      {Tile<2, 1>::fn, Tile<2, 2>::fn, Tile<2, 3>::fn},
+      {Tile<3, 1>::fn, Tile<3, 2>::fn, Tile<3, 3>::fn},
+      {Tile<4, 1>::fn, Tile<4, 2>::fn, Tile<4, 3>::fn},
+  };
+};
+
+TileFn PickTile(Isa isa, int mr, int nr) {
+  return isa == Isa::kAvx2 ? TileTable<Avx2Tile>::fns[mr - 1][nr - 1]
+                           : TileTable<ScalarTile>::fns[mr - 1][nr - 1];
+}
+
+// ---- the int8 path ------------------------------------------------------------------------
+
+// Row i of x as int8 blocks: q [k], dx [nb], sx [nb] (linear.h).
+void QuantizeRowScalar(const float* x, int64_t k, int8_t* q, float* dx, float* sx) {
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + kBlock * b;
+    float amax = 0.0f;
+    for (int e = 0; e < kBlock; ++e) amax = std::max(amax, std::fabs(xb[e]));
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int e = 0; e < kBlock; ++e) {
+      const int32_t v = static_cast<int32_t>(std::nearbyint(xb[e] * id));
+      q[kBlock * b + e] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    dx[b] = amax / 127.0f;
+    sx[b] = dx[b] * static_cast<float>(sum);
+  }
+}
+
+void QuantizeRowAvx2(const float* x, int64_t k, int8_t* q, float* dx, float* sx) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const float* xb = x + kBlock * b;
+    __m256 v[4];
+    for (int g = 0; g < 4; ++g) v[g] = _mm256_loadu_ps(xb + 8 * g);
+    __m256 m =
+        _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
+                      _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i i[4];
+    for (int g = 0; g < 4; ++g) {
+      i[g] = _mm256_cvtps_epi32(
+          _mm256_round_ps(_mm256_mul_ps(v[g], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+    const __m256i total =
+        _mm256_add_epi32(_mm256_add_epi32(i[0], i[1]), _mm256_add_epi32(i[2], i[3]));
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    const __m256i p01 = _mm256_packs_epi32(i[0], i[1]);
+    const __m256i p23 = _mm256_packs_epi32(i[2], i[3]);
+    const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p01, p23),
+                                                      _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + kBlock * b), bytes);
+    dx[b] = amax / 127.0f;
+    sx[b] = dx[b] * static_cast<float>(_mm_cvtsi128_si32(t));
+  }
+}
+
+// x quantized for one call.
+struct QuantizedX {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  int64_t k, nb;
+};
+
+// The unsigned formats' m term of (row, weight row): R of accm (linear.h), scalar and AVX2.
+float MinTermScalar(const float* mw, const float* sx, int64_t nb) {
+  float accm[kLanes] = {};
+  for (int64_t b = 0; b < nb; ++b) accm[b % kLanes] = std::fma(mw[b], sx[b], accm[b % kLanes]);
+  return ReduceLanes(accm);
+}
+
+// y[r * ldy + j] for r < MR, j < NR from quantized rows x (xq.q etc. already at the first row)
+// and weight rows w[j].
+template <int MR, int NR>
+void Int8TileScalar(const QuantizedX& xq, const BlockRow* w, Layout layout, const float* bias,
+                    float* y, int64_t ldy) {
+  for (int r = 0; r < MR; ++r) {
+    const int8_t* xr = xq.q + r * xq.k;
+    for (int j = 0; j < NR; ++j) {
+      float acc[kLanes] = {};
+      for (int64_t b = 0; b < xq.nb; ++b) {
+        const float dd = w[j].d[b] * xq.d[r * xq.nb + b];
+        for (int l = 0; l < kLanes; ++l) {
+          int32_t p = 0;
+          for (int e = 4 * l; e < 4 * l + 4; ++e) {
+            int32_t qw;
+            if (layout == Layout::kU4) {
+              const uint8_t byte = w[j].q[16 * b + e % 16];
+              qw = e < 16 ? byte & 0x0F : byte >> 4;
+            } else if (layout == Layout::kU8) {
+              qw = w[j].q[kBlock * b + e];
+            } else {
+              qw = static_cast<int8_t>(w[j].q[kBlock * b + e]);
+            }
+            p += qw * xr[kBlock * b + e];
+          }
+          acc[l] = std::fma(static_cast<float>(p), dd, acc[l]);
+        }
+      }
+      float sum = ReduceLanes(acc);
+      if (layout != Layout::kS8) sum = sum + MinTermScalar(w[j].m, xq.s + r * xq.nb, xq.nb);
+      y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
+    }
+  }
+}
+
+float MinTermAvx2(const float* mw, const float* sx, int64_t nb) {
+  __m256 accm = _mm256_setzero_ps();
+  const int64_t full = nb / kLanes * kLanes;
+  for (int64_t b = 0; b < full; b += kLanes) {
+    accm = _mm256_fmadd_ps(_mm256_loadu_ps(mw + b), _mm256_loadu_ps(sx + b), accm);
+  }
+  if (full < nb) {
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(nb - full)), lane);
+    accm = _mm256_fmadd_ps(_mm256_maskload_ps(mw + full, mask), _mm256_maskload_ps(sx + full, mask),
+                           accm);
+  }
+  return ReduceAvx2(accm);
+}
+
+template <Layout L>
+inline __m256i LoadWeightBlock(const uint8_t* q, int64_t b) {
+  if constexpr (L == Layout::kU4) {
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * b));
+    const __m128i low_mask = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low_mask),
+                            _mm_and_si128(qs, low_mask));
+  } else {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kBlock * b));
+  }
+}
+
+template <int MR, int NR, Layout L>
+void Int8TileAvx2(const QuantizedX& xq, const BlockRow* w, const float* bias, float* y,
+                  int64_t ldy) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MR][NR];
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < xq.nb; ++b) {
+    __m256i wq[NR], wabs[NR];
+    __m256 dw[NR];
+    for (int j = 0; j < NR; ++j) {
+      wq[j] = LoadWeightBlock<L>(w[j].q, b);
+      if constexpr (L == Layout::kS8) wabs[j] = _mm256_abs_epi8(wq[j]);
+      dw[j] = _mm256_set1_ps(w[j].d[b]);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m256i xv =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + r * xq.k + kBlock * b));
+      const __m256 dx = _mm256_set1_ps(xq.d[r * xq.nb + b]);
+      for (int j = 0; j < NR; ++j) {
+        __m256i pairs;
+        if constexpr (L == Layout::kS8) {
+          pairs = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(xv, wq[j]));
+        } else {
+          pairs = _mm256_maddubs_epi16(wq[j], xv);
+        }
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+        acc[r][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw[j], dx), acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NR; ++j) {
+      float sum = ReduceAvx2(acc[r][j]);
+      if constexpr (L != Layout::kS8) sum = sum + MinTermAvx2(w[j].m, xq.s + r * xq.nb, xq.nb);
+      y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
+    }
+  }
+}
+
+using Int8TileFn = void (*)(const QuantizedX& xq, const BlockRow* w, const float* bias, float* y,
+                            int64_t ldy);
+
+template <int MR, int NR, Layout L>
+void Int8TileScalarFor(const QuantizedX& xq, const BlockRow* w, const float* bias, float* y,
+                       int64_t ldy) {
+  Int8TileScalar<MR, NR>(xq, w, L, bias, y, ldy);
+}
+
+template <Layout L>
+Int8TileFn PickInt8Tile(Isa isa, int mr, int nr) {
+  static constexpr Int8TileFn kAvx2[kMr][kNrInt8] = {
+      {Int8TileAvx2<1, 1, L>, Int8TileAvx2<1, 2, L>},
+      {Int8TileAvx2<2, 1, L>, Int8TileAvx2<2, 2, L>},
+      {Int8TileAvx2<3, 1, L>, Int8TileAvx2<3, 2, L>},
+      {Int8TileAvx2<4, 1, L>, Int8TileAvx2<4, 2, L>},
+  };
+  static constexpr Int8TileFn kScalar[kMr][kNrInt8] = {
+      {Int8TileScalarFor<1, 1, L>, Int8TileScalarFor<1, 2, L>},
+      {Int8TileScalarFor<2, 1, L>, Int8TileScalarFor<2, 2, L>},
+      {Int8TileScalarFor<3, 1, L>, Int8TileScalarFor<3, 2, L>},
+      {Int8TileScalarFor<4, 1, L>, Int8TileScalarFor<4, 2, L>},
+  };
+  return isa == Isa::kAvx2 ? kAvx2[mr - 1][nr - 1] : kScalar[mr - 1][nr - 1];
+}
+
+Int8TileFn PickInt8Tile(Isa isa, Layout layout, int mr, int nr) {
+  switch (layout) {
+    case Layout::kU4:
+      return PickInt8Tile<Layout::kU4>(isa, mr, nr);
+    case Layout::kU8:
+      return PickInt8Tile<Layout::kU8>(isa, mr, nr);
+    default:
+      return PickInt8Tile<Layout::kS8>(isa, mr, nr);
+  }
+}
+
+// Runs body(first_tile, end_tile) on each of up to num_threads threads, splitting `tiles`.
+template <typename Body>
+void ForTiles(int64_t tiles, int num_threads, const Body& body) {
+  const int threads = static_cast<int>(std::clamp<int64_t>(tiles, 1, std::max(num_threads, 1)));
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    body(tiles * t / nt, tiles * (t + 1) / nt);
+  }
+}
+
+// Rows [j0, j0 + rows) of one segment (local rows), f32 path; y rows ldy apart.
+void LinearF32(const float* x, int32_t n, const CpuWeight& w, int64_t j0, int64_t rows,
+               const float* bias, float* y, int64_t ldy, int num_threads, Isa isa) {
+  const int64_t k = w.cols();
+  const int64_t kpad = RoundUp(std::max<int64_t>(k, 1), kLanes);
+  ForTiles((rows + kNr - 1) / kNr, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+    thread_local std::vector<float> panel;
+    if (panel.size() < static_cast<size_t>(kNr * kpad)) panel.resize(kNr * kpad);
+    for (int32_t i0 = 0; i0 < n; i0 += kRowBlock) {
+      const int32_t i1 = std::min(n, i0 + kRowBlock);
+      for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+        const int64_t c0 = tile * kNr;
+        const int nr = static_cast<int>(std::min<int64_t>(kNr, rows - c0));
+        DequantizeRows(w, j0 + c0, nr, panel.data(), kpad, isa);
+        for (int j = 0; j < nr; ++j) std::fill(&panel[j * kpad + k], &panel[(j + 1) * kpad], 0.0f);
+        const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
+        for (int32_t i = i0; i < i1; i += kMr) {
+          const int mr = std::min(kMr, i1 - i);
+          PickTile(isa, mr, nr)(x + static_cast<int64_t>(i) * k, k, panel.data(), kpad, k,
+                                tile_bias, y + static_cast<int64_t>(i) * ldy + c0, ldy);
+        }
+      }
+    }
+  });
+}
+
+void LinearInt8(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
+                int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads, Isa isa) {
+  ForTiles((rows + kNrInt8 - 1) / kNrInt8, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+      const int64_t c0 = tile * kNrInt8;
+      const int nr = static_cast<int>(std::min<int64_t>(kNrInt8, rows - c0));
+      BlockRow w[kNrInt8];
+      for (int j = 0; j < nr; ++j) w[j] = RowOf(s, local0 + c0 + j, xq.nb);
+      const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
+      for (int32_t i = 0; i < n; i += kMr) {
+        const int mr = std::min(kMr, n - i);
+        const QuantizedX rows_i{xq.q + i * xq.k, xq.d + i * xq.nb, xq.s + i * xq.nb, xq.k, xq.nb};
+        PickInt8Tile(isa, s.layout, mr, nr)(rows_i, w, tile_bias,
+                                            y + static_cast<int64_t>(i) * ldy + c0, ldy);
+      }
+    }
+  });
+}
+}  // namespace
+
+std::string_view ActivationsName(Activations a) { return a == Activations::kInt8 ? "int8" : "f32"; }
+
+absl::StatusOr<Activations> ParseActivations(std::string_view name) {
+  if (name == "f32") return Activations::kF32;
+  if (name == "int8") return Activations::kInt8;
+  return absl::InvalidArgumentError(
+      absl::StrCat("activations '", std::string(name), "': want f32 or int8"));
+}
+
+void CpuWeight::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
+
+const CpuWeight::Segment& CpuWeight::SegmentOf(int64_t row) const {
+  auto it = std::upper_bound(segments_.begin(), segments_.end(), row,
+                             [](int64_t r, const Segment& s) { return r < s.row_begin; });
+  assert(it != segments_.begin());
+  return *(it - 1);
+}
+
+absl::StatusOr<Weight> CpuWeight::Pack(std::span<const HostTensor> parts) {
+  if (parts.empty()) return absl::InvalidArgumentError("PackWeight: no parts");
+  auto weight = std::unique_ptr<CpuWeight>(new CpuWeight());
+  weight->cols_ = parts[0].cols;
+  size_t total = 0;
+  int64_t rows = 0;
+  std::vector<size_t> segment_of_part;
+  for (const HostTensor& part : parts) {
+    if (part.cols != weight->cols_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PackWeight: parts have ", weight->cols_, " and ", part.cols, " columns"));
+    }
+    if (part.dtype == DType::kI32) {
+      return absl::UnimplementedError("PackWeight: I32 is not a weight type");
+    }
+    absl::StatusOr<size_t> stored_bytes = StorageBytes(part.dtype, part.cols);
+    if (!stored_bytes.ok()) {
+      return absl::Status(stored_bytes.status().code(),
+                          absl::StrCat("PackWeight: ", stored_bytes.status().message()));
+    }
+    if (part.row_bytes < *stored_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PackWeight: rows ", part.row_bytes, " bytes apart hold ", *stored_bytes));
+    }
+    const Layout layout = LayoutFor(part.dtype);
+    if (weight->segments_.empty() || weight->segments_.back().dtype != part.dtype) {
+      const size_t row_bytes =
+          layout == Layout::kStored ? *stored_bytes : PackedRowBytes(layout, part.cols);
+      weight->segments_.push_back(Segment{part.dtype, layout, rows, 0, row_bytes, nullptr});
+    }
+    weight->segments_.back().rows += part.rows;
+    segment_of_part.push_back(weight->segments_.size() - 1);
+    rows += part.rows;
+    total += weight->segments_.back().row_bytes * static_cast<size_t>(part.rows);
+  }
+  const size_t rounded = std::max<size_t>(RoundUp(static_cast<int64_t>(total), kAlignment), 64);
+  weight->storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlignment, rounded)));
+  if (weight->storage_ == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("PackWeight: cannot allocate ", total,
+                                                     " bytes for a [", rows, ", ", weight->cols_,
+                                                     "] weight"));
+  }
+  uint8_t* out = weight->storage_.get();
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const HostTensor& part = parts[p];
+    Segment& segment = weight->segments_[segment_of_part[p]];
+    if (segment.data == nullptr) segment.data = out;
+    for (int64_t r = 0; r < part.rows; ++r, out += segment.row_bytes) {
+      const uint8_t* src = part.data + static_cast<size_t>(r) * part.row_bytes;
+      if (segment.layout == Layout::kStored) {
+        std::memcpy(out, src, segment.row_bytes);
+      } else {
+        RepackRow(part.dtype, segment.layout, src, part.cols, out);
+      }
+    }
+  }
+  const int64_t cols = weight->cols_;
+  return Weight(std::move(weight), rows, cols, total);
+}
+
+void DequantizeRows(const CpuWeight& w, int64_t row, int64_t count, float* out, int64_t ld,
+                    Isa isa) {
+  for (int64_t i = 0; i < count; ++i) {
+    const CpuWeight::Segment& s = w.SegmentOf(row + i);
+    const int64_t local = row + i - s.row_begin;
+    if (s.layout == Layout::kStored) {
+      DequantizeStoredRow(s.dtype, s.data + static_cast<size_t>(local) * s.row_bytes, w.cols(),
+                          out + i * ld, isa);
+    } else {
+      DequantizeBlockRow(s, local, w.cols(), out + i * ld, isa);
+    }
+  }
+}
+
+void Linear(const float* x, int32_t n, const CpuWeight& w, int64_t row_begin, int64_t rows,
+            const float* bias, float* y, int num_threads, Isa isa, Activations activations,
+            LinearScratch& scratch) {
+  if (n <= 0 || rows <= 0) return;
+  const int64_t k = w.cols();
+  bool quantized = false;  // x quantized for this call
+  // Each segment's part of [row_begin, row_begin + rows) on its own path.
+  for (int64_t r = row_begin; r < row_begin + rows;) {
+    const CpuWeight::Segment& s = w.SegmentOf(r);
+    const int64_t end = std::min(row_begin + rows, s.row_begin + s.rows);
+    const int64_t c0 = r - row_begin;
+    float* ys = y + c0;
+    const float* bs = bias != nullptr ? bias + c0 : nullptr;
+    if (activations == Activations::kInt8 && s.layout != Layout::kStored) {
+      const int64_t nb = k / kBlock;
+      if (!quantized) {
+        scratch.q.resize(static_cast<size_t>(n) * k);
+        scratch.d.resize(static_cast<size_t>(n) * nb);
+        scratch.s.resize(static_cast<size_t>(n) * nb);
+        const auto quantize = isa == Isa::kAvx2 ? QuantizeRowAvx2 : QuantizeRowScalar;
+#pragma omp parallel for num_threads(std::max(1, std::min(num_threads, n)))
+        for (int32_t i = 0; i < n; ++i) {
+          quantize(x + static_cast<int64_t>(i) * k, k, &scratch.q[static_cast<size_t>(i) * k],
+                   &scratch.d[static_cast<size_t>(i) * nb],
+                   &scratch.s[static_cast<size_t>(i) * nb]);
+        }
+        quantized = true;
+      }
+      const QuantizedX xq{scratch.q.data(), scratch.d.data(), scratch.s.data(), k, nb};
+      LinearInt8(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads, isa);
+    } else {
+      LinearF32(x, n, w, r, end - r, bs, ys, rows, num_threads, isa);
+    }
+    r = end;
+  }
+}
+
+}  // namespace ridgeserve::cpu

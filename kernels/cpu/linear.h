@@ -1,0 +1,108 @@
+// Weights packed for the CPU backend and y = x · wᵀ on them (Backend::PackWeight, Linear,
+// Embed, UnpackWeight). No BLAS: the arithmetic is ours, fixed, and the same on every CPU.
+//
+// Packing keeps weights quantized. The formats whose values are d q + m over 32-weight blocks
+// (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the sub-blocks of Q4_K, Q5_K; kernels/dtype.h) are
+// repacked per row as f32 d[nb], f32 m[nb] and the integers q (4-bit pairs, bytes, or int8),
+// so a Q4_1 model stays at 6 bits a weight; other types (F32, F16, BF16, Q6_K, Q2_K, Q3_K)
+// keep their stored rows. Parts of different types stay separate segments of one weight
+// (Q4_K_M files mix Q4_K and Q6_K rows in one fused projection).
+//
+// Two arithmetics, chosen per backend (Activations) and fixed for every row, n, thread count,
+// row range and dispatch path:
+//
+// kF32 — x in f32 against w_j = row j converted to f32 exactly as DequantizeRow converts it:
+//   K8 = k rounded up to a multiple of 8, x and w_j read as 0 past k;
+//   acc[l] = 0 (l < 8); for c = 0, 8, ..., K8 - 8 and each l: acc[l] = fma(x[c+l], w_j[c+l],
+//   acc[l]) y = R(acc) (+ bias[j]), R(a) = ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+//
+// kInt8 — for the repacked 32-block formats (other segments use kF32's arithmetic): each row
+// of x is quantized per 32-block b (k is a multiple of 32) as
+//   amax = max |x_e|, dx = amax / 127, q_e = nearbyint(x_e * (127 / amax)) (0 when amax = 0),
+//   sx = dx * float(Σ q_e);
+// then with integer p_l = Σ_{e = 4l}^{4l + 3} qw_e qx_e (exact) for lane l < 8 of block b:
+//   acc[l] = fma(float(p_l), dw_b * dx_b, acc[l]) over b in order;
+//   accm[b mod 8] = fma(mw_b, sx_b, accm[b mod 8]) over b in order (unsigned formats only);
+//   y = (R(acc) + R(accm)) (+ bias[j])  (R(acc) alone for Q8_0).
+// This is ggml's q8 activation scheme with a fixed order: about 4x fewer operations per weight
+// than converting w to f32, at a quantization error of 2^-8 of a block's largest activation.
+//
+// The AVX2 path keeps each accumulator in one 8-lane register; the scalar path is the same
+// loops written lane by lane, so the two agree bitwise (tests/kernels/linear_test.cc holds them
+// to it, and to an emulation of this text), for finite inputs.
+#ifndef RIDGESERVE_KERNELS_CPU_LINEAR_H_
+#define RIDGESERVE_KERNELS_CPU_LINEAR_H_
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_features.h"
+
+namespace ridgeserve::cpu {
+
+enum class Activations { kF32, kInt8 };
+std::string_view ActivationsName(Activations a);
+// "f32" or "int8"; InvalidArgument naming the value otherwise.
+absl::StatusOr<Activations> ParseActivations(std::string_view name);
+
+// A packed weight: rows stacked from the parts, each run of same-type rows one segment.
+class CpuWeight final : public WeightStorage {
+ public:
+  enum class Layout {
+    kStored,  // rows as stored (dtype), converted by DequantizeRow's rules
+    kU4,      // d[nb], m[nb], then 16 bytes a block: q_e in the low nibble of byte e % 16 for
+              // e < 16, the high nibble for e >= 16 (as Q4_1 stores them)
+    kU8,      // d[nb], m[nb], then 32 bytes a block, q in [0, 31]
+    kS8,      // d[nb], then 32 int8 a block (m = 0)
+  };
+  struct Segment {
+    DType dtype = DType::kF32;  // the source type
+    Layout layout = Layout::kStored;
+    int64_t row_begin = 0;  // first row of the weight in this segment
+    int64_t rows = 0;
+    size_t row_bytes = 0;  // bytes of one packed row
+    const uint8_t* data = nullptr;
+  };
+
+  static absl::StatusOr<Weight> Pack(std::span<const HostTensor> parts);
+
+  int64_t cols() const { return cols_; }
+  const std::vector<Segment>& segments() const { return segments_; }
+  // The segment holding `row`.
+  const Segment& SegmentOf(int64_t row) const;
+
+ private:
+  struct FreeDeleter {
+    void operator()(uint8_t* p) const;
+  };
+  int64_t cols_ = 0;
+  std::vector<Segment> segments_;
+  std::unique_ptr<uint8_t, FreeDeleter> storage_;
+};
+
+// Converts `count` rows of `w` starting at `row` to f32, rows `ld` floats apart (ld >= cols;
+// the floats past cols are left alone).
+void DequantizeRows(const CpuWeight& w, int64_t row, int64_t count, float* out, int64_t ld,
+                    Isa isa);
+
+// Reused buffers for the quantized activations of one call (owned by the backend; Linear is
+// driven by one thread at a time).
+struct LinearScratch {
+  std::vector<int8_t> q;
+  std::vector<float> d, s;
+};
+
+// y[n, rows] = x[n, w.cols()] · w[row_begin : row_begin + rows, :]ᵀ (+ bias[rows]) with the
+// arithmetic above, on up to num_threads OpenMP threads (split over w's rows).
+void Linear(const float* x, int32_t n, const CpuWeight& w, int64_t row_begin, int64_t rows,
+            const float* bias, float* y, int num_threads, Isa isa, Activations activations,
+            LinearScratch& scratch);
+
+}  // namespace ridgeserve::cpu
+
+#endif  // RIDGESERVE_KERNELS_CPU_LINEAR_H_

@@ -1,0 +1,64 @@
+// Element types of stored tensors and weights (the ggml block formats, f16, bf16, f32) and
+// their conversion to f32. Shared by the model readers and every backend.
+#ifndef RIDGESERVE_KERNELS_DTYPE_H_
+#define RIDGESERVE_KERNELS_DTYPE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace ridgeserve {
+
+// Storage types, numbered as ggml numbers them (GGUF type ids). Safetensors dtypes map onto
+// F32, F16 and BF16; I32 is for index tensors on a backend.
+enum class DType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ4_0 = 2,
+  kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
+  kQ8_0 = 8,
+  kQ8_1 = 9,
+  kQ2_K = 10,
+  kQ3_K = 11,
+  kQ4_K = 12,
+  kQ5_K = 13,
+  kQ6_K = 14,
+  kI32 = 26,
+  kBF16 = 30,
+};
+
+struct TypeTraits {
+  std::string_view name;   // "Q4_K"
+  int64_t block_elements;  // weights per block (1 for F32/F16/BF16)
+  int64_t block_bytes;     // bytes per block
+};
+
+// Unimplemented for types this build cannot read.
+absl::StatusOr<TypeTraits> GetTypeTraits(DType type);
+
+// Bytes that `num_elements` of `type` occupy; InvalidArgument when num_elements is not a
+// multiple of the block size or the size overflows.
+absl::StatusOr<size_t> StorageBytes(DType type, int64_t num_elements);
+
+// Exact binary16 -> binary32 (every f16 value, subnormals, infinities and NaN payloads).
+float HalfToFloat(uint16_t h);
+
+// The formats whose values are d * q + m over blocks of 32 weights with a small integer q:
+// Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the 32-weight sub-blocks of Q4_K and Q5_K.
+bool HasIntegerBlocks32(DType type);
+// For such a type, each 32-block b of a row of `cols` weights as d[b], m[b] and q[32 b + e]
+// with fma(d, q, m) == DequantizeRow's value exactly (the products d * q are exact in f32
+// for these formats, so one rounding of the sum is the reference's). q is in [0, 31] for the
+// unsigned formats; for Q8_0 it is the stored int8 (cast to uint8_t) and m = 0.
+void IntegerBlocks32(DType type, const uint8_t* src, int64_t cols, float* d, float* m, uint8_t* q);
+
+// Converts `num_elements` (a multiple of the block size) from `src` to `dst`.
+absl::Status DequantizeRow(DType type, const uint8_t* src, int64_t num_elements, float* dst);
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_KERNELS_DTYPE_H_
