@@ -90,8 +90,8 @@ ABSL_FLAG(bool, attn_window, true,
 ABSL_FLAG(int64_t, holdout_every, 10, "every k-th row is held out for choosing λ");
 ABSL_FLAG(int64_t, max_holdout_rows, 4096, "at most this many held-out rows");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0 = all)");
-ABSL_FLAG(std::string, cpu_activations, "int8",
-          "CPU Linear arithmetic: int8 (as served) or f32 (the reference)");
+ABSL_FLAG(std::string, cpu_activations, "f32",
+          "CPU Linear arithmetic: f32 (the default: float math on the exact weights) or int8");
 ABSL_FLAG(std::string, check, "", "map file to check against --model (prints its summary)");
 
 namespace ridgeserve {

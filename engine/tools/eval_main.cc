@@ -52,8 +52,8 @@
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face directory");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0 = all)");
-ABSL_FLAG(std::string, cpu_activations, "int8",
-          "CPU Linear arithmetic: int8 (as served) or f32 (the reference)");
+ABSL_FLAG(std::string, cpu_activations, "f32",
+          "CPU Linear arithmetic: f32 (the default: float math on the exact weights) or int8");
 ABSL_FLAG(std::string, text, "", "input text file");
 ABSL_FLAG(int32_t, ctx, 1024, "perplexity: window length in tokens");
 ABSL_FLAG(int32_t, max_tokens, 0, "perplexity: use at most this many tokens of the text (0 = all)");

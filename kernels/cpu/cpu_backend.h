@@ -15,12 +15,12 @@ namespace ridgeserve {
 
 // Ops use up to num_threads threads (num_threads <= 0: all hardware threads); results do not
 // depend on the count, nor on `isa`, which must be one of cpu::AvailableIsas(). `activations`
-// picks Linear's arithmetic (linear.h): int8 for serving, f32 for reference checks.
+// picks Linear's arithmetic (linear.h): f32 by default, int8 when asked (faster, less exact).
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads, cpu::Isa isa = cpu::BestIsa(),
-                                          cpu::Activations activations = cpu::Activations::kInt8);
+                                          cpu::Activations activations = cpu::Activations::kF32);
 // With the path RIDGESERVE_CPU_ISA names, else the best this CPU has (cpu_features.h).
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackendFromEnvironment(
-    int num_threads, cpu::Activations activations = cpu::Activations::kInt8);
+    int num_threads, cpu::Activations activations = cpu::Activations::kF32);
 
 }  // namespace ridgeserve
 

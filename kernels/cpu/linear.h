@@ -24,8 +24,10 @@
 //   acc[l] = fma(float(p_l), dw_b * dx_b, acc[l]) over b in order;
 //   accm[b mod 8] = fma(mw_b, sx_b, accm[b mod 8]) over b in order (unsigned formats only);
 //   y = (R(acc) + R(accm)) (+ bias[j])  (R(acc) alone for Q8_0).
-// This is ggml's q8 activation scheme with a fixed order: about 4x fewer operations per weight
-// than converting w to f32, at a quantization error of 2^-8 of a block's largest activation.
+// This is ggml's q8 activation scheme with a fixed order: fewer operations per weight than
+// converting w to f32, at a quantization error of 2^-8 of a block's largest activation. On the
+// default model that flips near-tied greedy choices (README, "CPU kernels"), so f32 is the
+// default and int8 is asked for.
 //
 // The AVX2 path keeps each accumulator in one 8-lane register; the scalar path is the same
 // loops written lane by lane, so the two agree bitwise (tests/kernels/linear_test.cc holds them

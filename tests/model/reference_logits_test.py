@@ -4,7 +4,7 @@ At every position of >= 512 tokens of fixed English text (Apache-2.0 licence tex
   * with --cpu_activations f32, max |d| and mean |d| between the C++ logits (float32) and the
     float64 reference computed from the same dequantized weights stay under MAX_ABS_DIFF /
     MEAN_ABS_DIFF;
-  * with the served int8 activations, the top-1 token agrees with the reference wherever its
+  * with --cpu_activations int8, the top-1 token agrees with the reference wherever its
     top-2 margin exceeds INT8_MARGIN, and perplexity is within INT8_PPL_REL of the f32 path's;
   * for both, the top-1 token agrees wherever the reference's top-2 margin exceeds MARGIN
     (f32) and prefilling in chunks of 100 tokens gives bitwise the same logits (batch

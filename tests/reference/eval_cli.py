@@ -59,8 +59,8 @@ def run_logits(
     activations: Optional[str] = None,
 ) -> EvalLogits:
     """ridgeserve-eval logits on token ids or a text file; checks the output's shape.
-    `activations` is the CPU Linear arithmetic (--cpu_activations: "int8", the default, or
-    "f32")."""
+    `activations` is the CPU Linear arithmetic (--cpu_activations: "f32", the default, or
+    "int8")."""
     import time
 
     if (token_ids is None) == (text_file is None):

@@ -42,8 +42,8 @@ ABSL_FLAG(int32_t, split, 14, "split layer");
 ABSL_FLAG(int32_t, tail, 256, "exact tail tokens");
 ABSL_FLAG(int32_t, chunk, 512, "prefill chunk");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads");
-ABSL_FLAG(std::string, cpu_activations, "int8",
-          "CPU Linear arithmetic: int8 (as served) or f32 (the reference)");
+ABSL_FLAG(std::string, cpu_activations, "f32",
+          "CPU Linear arithmetic: f32 (the default: float math on the exact weights) or int8");
 ABSL_FLAG(bool, dump_kv, false, "add tokens and layer s + 2's filled K/V rows to the JSON");
 
 namespace ridgeserve {
