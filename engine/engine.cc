@@ -116,6 +116,7 @@ bool Engine::Impl::TakeInput() {
     sched->tokens = r.prompt;
     sched->num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
     sched->max_total_tokens = static_cast<int32_t>(r.prompt.size()) + r.max_new_tokens;
+    r.sampling.logprobs = r.logprobs;
     Live l{std::move(r.on_event), Sampler(r.sampling)};
     l.logprobs = r.logprobs;
     l.max_new_tokens = r.max_new_tokens;

@@ -100,7 +100,7 @@ SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int3
     x = ApplyRepetitionPenalty(logits, context);
   }
   const int32_t token = params_.temperature == 0.0f ? Argmax(x) : Draw(x);
-  return {.token = token, .logprob = LogSoftmaxAt(logits, token)};
+  return {.token = token, .logprob = params_.logprobs ? LogSoftmaxAt(logits, token) : 0.0f};
 }
 
 std::span<const float> Sampler::ApplyRepetitionPenalty(std::span<const float> logits,

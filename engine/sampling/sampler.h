@@ -25,6 +25,9 @@ struct SamplingParams {
   bool has_seed = false;  // without a seed, seeded from std::random_device
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  // Compute SampleResult::logprob (a log-softmax pass over the vocabulary, so only when a
+  // request asks for logprobs).
+  bool logprobs = false;
 };
 
 // InvalidArgument naming the field ("temperature must be >= 0, got -1").
@@ -32,7 +35,8 @@ absl::Status ValidateSamplingParams(const SamplingParams& params);
 
 struct SampleResult {
   int32_t token = -1;
-  float logprob = 0.0f;  // log-softmax of the chosen token under the unmodified logits
+  // log-softmax of the chosen token under the unmodified logits; 0 unless params.logprobs
+  float logprob = 0.0f;
 };
 
 class Sampler {

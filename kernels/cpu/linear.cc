@@ -1,6 +1,6 @@
 // Linear on the CPU. Each thread takes a contiguous range of w's rows in tiles of kNr (f32) or
-// kNrInt8 rows. f32 path: a tile is converted to an f32 panel in L1 (once per block of
-// kRowBlock rows of x) and a kernel runs MR rows of x against it, so every stored type shares
+// kNrInt8 rows. f32 path: a tile is converted to an f32 panel in L1 (once per block of rows
+// of x) and a kernel runs MR rows of x against it, so every stored type shares
 // one kernel and multiplies exactly DequantizeRow's values. int8 path: x is quantized once per
 // call, and the kernel reads the packed integers directly.
 #include "kernels/cpu/linear.h"
@@ -9,11 +9,13 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -22,15 +24,20 @@ namespace ridgeserve::cpu {
 namespace {
 
 constexpr int kLanes = 8;  // the arithmetic's lane count (linear.h), whatever the vector width
-// Tile: kMr rows of x by kNr rows of w. 4 x 3 accumulators + 3 panel rows + 1 x vector fill
-// the 16 AVX2 registers.
-constexpr int kMr = 4;
-constexpr int kNr = 3;
-// Rows of x per pass over the thread's weight rows: 64 rows of a 1536-wide x are 384 KiB,
-// which stays in L2 while the panels stream by; each panel is converted once per pass.
-constexpr int32_t kRowBlock = 64;
+// Tile: kMr rows of x by kNr rows of w: 12 accumulators, 2 x vectors and a panel vector in
+// the 16 AVX2 registers. The panel (kNr rows, 14 KiB at k = 576) stays in L1 while x streams
+// from L2, 2 vectors per 12 FMAs.
+constexpr int kMr = 2;
+constexpr int kNr = 6;
+// Rows of x per pass over the thread's weight rows: as many as fit in 512 KiB (half the
+// smallest L2 seen here) while the panels stream by; each panel is converted once per pass.
+int32_t RowBlock(int64_t k) {
+  return static_cast<int32_t>(
+      std::clamp<int64_t>((512 << 10) / (4 * std::max<int64_t>(k, 1)), kMr, 1024) / kMr * kMr);
+}
 // int8 tile: 4 rows of x by 2 rows of w (8 accumulators, 2 weight blocks, sign/abs copies for
 // int8 weights and broadcast scales fill the registers).
+constexpr int kMrInt8 = 4;
 constexpr int kNrInt8 = 2;
 constexpr int kBlock = 32;  // weights per block of the repacked formats
 constexpr size_t kAlignment = 64;
@@ -261,11 +268,11 @@ void TileAvx2(const float* x, int64_t ldx, const float* panel, int64_t kpad, int
   }
   const int64_t full = k / kLanes * kLanes;
   for (int64_t c = 0; c < full; c += kLanes) {
-    __m256 wv[NR];
-    for (int j = 0; j < NR; ++j) wv[j] = _mm256_loadu_ps(panel + j * kpad + c);
-    for (int r = 0; r < MR; ++r) {
-      const __m256 xv = _mm256_loadu_ps(x + r * ldx + c);
-      for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_fmadd_ps(xv, wv[j], acc[r][j]);
+    __m256 xv[MR];
+    for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + r * ldx + c);
+    for (int j = 0; j < NR; ++j) {
+      const __m256 wv = _mm256_loadu_ps(panel + j * kpad + c);
+      for (int r = 0; r < MR; ++r) acc[r][j] = _mm256_fmadd_ps(xv[r], wv, acc[r][j]);
     }
   }
   if (full < kpad) {
@@ -295,19 +302,96 @@ struct Avx2Tile {
   static constexpr TileFn fn = &TileAvx2<MR, NR>;
 };
 
-template <template <int, int> class Tile>
-struct TileTable {
-  static constexpr TileFn fns[kMr][kNr] = {
-      {Tile<1, 1>::fn, Tile<1, 2>::fn, Tile<1, 3>::fn},
-      {Tile<2, 1>::fn, Tile<2, 2>::fn, Tile<2, 3>::fn},
-      {Tile<3, 1>::fn, Tile<3, 2>::fn, Tile<3, 3>::fn},
-      {Tile<4, 1>::fn, Tile<4, 2>::fn, Tile<4, 3>::fn},
-  };
-};
+// fns[mr - 1][nr - 1] = Tile<mr, nr>::fn for every tile up to kMr x kNr.
+template <template <int, int> class Tile, int MR, int... N>
+constexpr std::array<TileFn, sizeof...(N)> TileRow(std::integer_sequence<int, N...>) {
+  return {Tile<MR, N + 1>::fn...};
+}
+template <template <int, int> class Tile, int... M>
+constexpr std::array<std::array<TileFn, kNr>, sizeof...(M)> MakeTileTable(
+    std::integer_sequence<int, M...>) {
+  return {TileRow<Tile, M + 1>(std::make_integer_sequence<int, kNr>())...};
+}
 
 TileFn PickTile(Isa isa, int mr, int nr) {
-  return isa == Isa::kAvx2 ? TileTable<Avx2Tile>::fns[mr - 1][nr - 1]
-                           : TileTable<ScalarTile>::fns[mr - 1][nr - 1];
+  static constexpr auto kAvx2 = MakeTileTable<Avx2Tile>(std::make_integer_sequence<int, kMr>());
+  static constexpr auto kScalar = MakeTileTable<ScalarTile>(std::make_integer_sequence<int, kMr>());
+  return isa == Isa::kAvx2 ? kAvx2[mr - 1][nr - 1] : kScalar[mr - 1][nr - 1];
+}
+
+// ---- the f32 path for a few rows of x on 32-block weights ---------------------------------
+// Decode rows: converting a panel costs more than the few rows use it, so the weights are
+// converted in registers, one 8-weight group at a time, and multiplied at once. The values
+// and the FMA order are the panel path's, so the bits are too.
+
+// Weights 8g..8g+7 of block b of a packed row as f32 (DequantizeBlockRow's values).
+template <Layout L>
+inline __m256 BlockGroupAvx2(const BlockRow& w, int64_t b, int g) {
+  const __m256 d = _mm256_set1_ps(w.d[b]);
+  if constexpr (L == Layout::kU4) {
+    const __m128i qs =
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.q + 16 * b + 8 * (g % 2)));
+    const __m128i q = g < 2 ? _mm_and_si128(qs, _mm_set1_epi8(0x0F))
+                            : _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0F));
+    return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), _mm256_set1_ps(w.m[b]));
+  } else {
+    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.q + kBlock * b + 8 * g));
+    if constexpr (L == Layout::kS8) {
+      return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
+    } else {
+      return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)),
+                             _mm256_set1_ps(w.m[b]));
+    }
+  }
+}
+
+template <int MR, int NR, Layout L>
+void FusedTileAvx2(const float* x, int64_t k, const BlockRow* w, const float* bias, float* y,
+                   int64_t ldy) {
+  __m256 acc[MR][NR];
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    for (int g = 0; g < 4; ++g) {
+      __m256 xv[MR];
+      for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + r * k + kBlock * b + 8 * g);
+      for (int j = 0; j < NR; ++j) {
+        const __m256 wv = BlockGroupAvx2<L>(w[j], b, g);
+        for (int r = 0; r < MR; ++r) acc[r][j] = _mm256_fmadd_ps(xv[r], wv, acc[r][j]);
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < NR; ++j) {
+      const float sum = ReduceAvx2(acc[r][j]);
+      y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
+    }
+  }
+}
+
+// Rows of x below which the f32 path converts weights in registers (AVX2, 32-block layouts).
+constexpr int32_t kFusedMaxRows = 2;
+using FusedTileFn = void (*)(const float* x, int64_t k, const BlockRow* w, const float* bias,
+                             float* y, int64_t ldy);
+
+template <Layout L, int MR, int... N>
+constexpr std::array<FusedTileFn, sizeof...(N)> FusedRow(std::integer_sequence<int, N...>) {
+  return {FusedTileAvx2<MR, N + 1, L>...};
+}
+
+FusedTileFn PickFusedTile(Layout layout, int mr, int nr) {
+  static constexpr std::array<std::array<FusedTileFn, kNr>, kFusedMaxRows> kU4 = {
+      FusedRow<Layout::kU4, 1>(std::make_integer_sequence<int, kNr>()),
+      FusedRow<Layout::kU4, 2>(std::make_integer_sequence<int, kNr>())};
+  static constexpr std::array<std::array<FusedTileFn, kNr>, kFusedMaxRows> kU8 = {
+      FusedRow<Layout::kU8, 1>(std::make_integer_sequence<int, kNr>()),
+      FusedRow<Layout::kU8, 2>(std::make_integer_sequence<int, kNr>())};
+  static constexpr std::array<std::array<FusedTileFn, kNr>, kFusedMaxRows> kS8 = {
+      FusedRow<Layout::kS8, 1>(std::make_integer_sequence<int, kNr>()),
+      FusedRow<Layout::kS8, 2>(std::make_integer_sequence<int, kNr>())};
+  const auto& table = layout == Layout::kU4 ? kU4 : layout == Layout::kU8 ? kU8 : kS8;
+  return table[mr - 1][nr - 1];
 }
 
 // ---- the int8 path ------------------------------------------------------------------------
@@ -493,13 +577,13 @@ void Int8TileScalarFor(const QuantizedX& xq, const BlockRow* w, const float* bia
 
 template <Layout L>
 Int8TileFn PickInt8Tile(Isa isa, int mr, int nr) {
-  static constexpr Int8TileFn kAvx2[kMr][kNrInt8] = {
+  static constexpr Int8TileFn kAvx2[kMrInt8][kNrInt8] = {
       {Int8TileAvx2<1, 1, L>, Int8TileAvx2<1, 2, L>},
       {Int8TileAvx2<2, 1, L>, Int8TileAvx2<2, 2, L>},
       {Int8TileAvx2<3, 1, L>, Int8TileAvx2<3, 2, L>},
       {Int8TileAvx2<4, 1, L>, Int8TileAvx2<4, 2, L>},
   };
-  static constexpr Int8TileFn kScalar[kMr][kNrInt8] = {
+  static constexpr Int8TileFn kScalar[kMrInt8][kNrInt8] = {
       {Int8TileScalarFor<1, 1, L>, Int8TileScalarFor<1, 2, L>},
       {Int8TileScalarFor<2, 1, L>, Int8TileScalarFor<2, 2, L>},
       {Int8TileScalarFor<3, 1, L>, Int8TileScalarFor<3, 2, L>},
@@ -535,11 +619,26 @@ void LinearF32(const float* x, int32_t n, const CpuWeight& w, int64_t j0, int64_
                const float* bias, float* y, int64_t ldy, int num_threads, Isa isa) {
   const int64_t k = w.cols();
   const int64_t kpad = RoundUp(std::max<int64_t>(k, 1), kLanes);
+  const CpuWeight::Segment& s = w.SegmentOf(j0);
+  if (isa == Isa::kAvx2 && n <= kFusedMaxRows && s.layout != Layout::kStored) {
+    ForTiles((rows + kNr - 1) / kNr, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+      for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+        const int64_t c0 = tile * kNr;
+        const int nr = static_cast<int>(std::min<int64_t>(kNr, rows - c0));
+        BlockRow rows_w[kNr];
+        for (int j = 0; j < nr; ++j) rows_w[j] = RowOf(s, j0 + c0 + j - s.row_begin, k / kBlock);
+        PickFusedTile(s.layout, n, nr)(x, k, rows_w, bias != nullptr ? bias + c0 : nullptr, y + c0,
+                                       ldy);
+      }
+    });
+    return;
+  }
   ForTiles((rows + kNr - 1) / kNr, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
     thread_local std::vector<float> panel;
     if (panel.size() < static_cast<size_t>(kNr * kpad)) panel.resize(kNr * kpad);
-    for (int32_t i0 = 0; i0 < n; i0 += kRowBlock) {
-      const int32_t i1 = std::min(n, i0 + kRowBlock);
+    const int32_t row_block = RowBlock(k);
+    for (int32_t i0 = 0; i0 < n; i0 += row_block) {
+      const int32_t i1 = std::min(n, i0 + row_block);
       for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
         const int64_t c0 = tile * kNr;
         const int nr = static_cast<int>(std::min<int64_t>(kNr, rows - c0));
@@ -565,8 +664,8 @@ void LinearInt8(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, in
       BlockRow w[kNrInt8];
       for (int j = 0; j < nr; ++j) w[j] = RowOf(s, local0 + c0 + j, xq.nb);
       const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
-      for (int32_t i = 0; i < n; i += kMr) {
-        const int mr = std::min(kMr, n - i);
+      for (int32_t i = 0; i < n; i += kMrInt8) {
+        const int mr = std::min(kMrInt8, n - i);
         const QuantizedX rows_i{xq.q + i * xq.k, xq.d + i * xq.nb, xq.s + i * xq.nb, xq.k, xq.nb};
         PickInt8Tile(isa, s.layout, mr, nr)(rows_i, w, tile_bias,
                                             y + static_cast<int64_t>(i) * ldy + c0, ldy);

@@ -223,7 +223,6 @@ TEST_P(LinearTest, FollowsTheStatedArithmeticForEveryType) {
       if (k == 0) continue;
       SCOPED_TRACE(Name(type) + " k=" + std::to_string(k));
       const int64_t m = 7;
-      const int32_t n = 6;
       const Stored w = MakeStored(type, m, k, 11);
       const Weight packed = *backend->PackWeight({&w.view, 1});
       EXPECT_EQ(packed.rows(), m);
@@ -236,19 +235,22 @@ TEST_P(LinearTest, FollowsTheStatedArithmeticForEveryType) {
           : type == DType::kQ4_0 || type == DType::kQ4_1 || type == DType::kQ4_K ? nb * 24
                                                                                  : nb * 40;
       EXPECT_EQ(packed.bytes(), packed_bytes);
-      const std::vector<float> x = RandomFloats(size_t(n) * k, 3);
       const std::vector<float> bias = RandomFloats(m, 4);
+      // 1 and 2 rows take the decode kernels, 6 the panel ones.
       for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
-        std::vector<float> y(size_t(n) * m);
-        backend->Linear(x.data(), n, packed, b, y.data());
-        const std::vector<float> want =
-            Int8(type) ? ContractInt8(x, n, w, b) : Contract(x, n, Dequantized(w), m, k, b);
-        EXPECT_EQ(FirstBitDifference(y.data(), want.data(), y.size()), -1);
-        // UnpackWeight gives DequantizeRow's values whatever the packing.
-        std::vector<float> rows(size_t(m) * k);
-        ASSERT_TRUE(backend->UnpackWeight(packed, 0, m, rows.data()).ok());
-        const std::vector<float> stored = Dequantized(w);
-        EXPECT_EQ(FirstBitDifference(rows.data(), stored.data(), rows.size()), -1);
+        for (int32_t n : {1, 2, 6}) {
+          const std::vector<float> x = RandomFloats(size_t(n) * k, 3);
+          std::vector<float> y(size_t(n) * m);
+          backend->Linear(x.data(), n, packed, b, y.data());
+          const std::vector<float> want =
+              Int8(type) ? ContractInt8(x, n, w, b) : Contract(x, n, Dequantized(w), m, k, b);
+          EXPECT_EQ(FirstBitDifference(y.data(), want.data(), y.size()), -1);
+          // UnpackWeight gives DequantizeRow's values whatever the packing.
+          std::vector<float> rows(size_t(m) * k);
+          ASSERT_TRUE(backend->UnpackWeight(packed, 0, m, rows.data()).ok());
+          const std::vector<float> stored = Dequantized(w);
+          EXPECT_EQ(FirstBitDifference(rows.data(), stored.data(), rows.size()), -1);
+        }
       }
     }
   }

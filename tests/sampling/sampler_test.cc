@@ -375,13 +375,20 @@ TEST(SamplerTest, LogprobIsLogSoftmaxOfOriginalLogits) {
   filtered.top_p = 0.9f;
   filtered.repetition_penalty = 1.5f;
   const std::vector<int32_t> context = {1, 2, 3, 100, 2000};
-  for (const SamplingParams& params : {greedy, filtered, Seeded(8)}) {
+  for (SamplingParams params : {greedy, filtered, Seeded(8)}) {
+    params.logprobs = true;
     Sampler sampler(params);
     for (int i = 0; i < 5; ++i) {
       const SampleResult result = sampler.Sample(logits, context);
       EXPECT_NEAR(result.logprob, logits[result.token] - log_z, 1e-4);
     }
   }
+  // Not asked for: no pass over the vocabulary, and the same token.
+  EXPECT_EQ(Sampler(greedy).Sample(logits, context).logprob, 0.0f);
+  SamplingParams asked = greedy;
+  asked.logprobs = true;
+  EXPECT_EQ(Sampler(greedy).Sample(logits, context).token,
+            Sampler(asked).Sample(logits, context).token);
 }
 
 TEST(SamplerTest, LargeVocabTopKStaysInTopK) {
