@@ -86,7 +86,7 @@ def main():
     args = ap.parse_args()
     if not os.path.exists(MODEL):
         sys.exit(f"{MODEL} missing: run `make model` first")
-    env = dict(os.environ, OMP_WAIT_POLICY="PASSIVE")
+    env = dict(os.environ)
     bench = os.path.join(ROOT, "build-bench")
     base_src = os.path.join(bench, "base-src")
     if not os.path.isdir(base_src):
@@ -103,8 +103,7 @@ def main():
             r = measure(bin_dir, args.threads, env, extra)
             for k, v in r.items():
                 best = results[name].get(k)
-                better = v < best if k.endswith("bytes") else best is None or v > best
-                if best is None or better:
+                if best is None or (v < best if k.endswith("bytes") else v > best):
                     results[name][k] = v
     head = results["head"]
     for act in ("int8", "f32"):

@@ -1,4 +1,4 @@
-// CPU backend: memory, copies and every op except MatMul and Attention (own files), each
+// CPU backend: memory, copies and every op except Linear and Attention (own files), each
 // against a naive double-precision reference written here.
 #include <cmath>
 #include <cstdint>
