@@ -19,7 +19,7 @@ build: deps
 model: deps
 	scripts/fetch_model.sh
 
-# RidgeFill maps for the default model, calibrated once (about 3 minutes here) and cached.
+# RidgeFill maps for the default model, calibrated once (about 3.5 minutes here) and cached.
 maps: build model
 	scripts/make_maps.sh $(BUILD_DIR) $(MODEL) $(MAPS)
 
