@@ -35,7 +35,6 @@ struct Engine::Impl {
         : on_event(std::move(callback)), sampler(std::move(s)) {}
     EventCallback on_event;
     Sampler sampler;
-    bool logprobs = false;
     int32_t max_new_tokens = 0;
     int32_t prompt_tokens = 0;
     int32_t completion_tokens = 0;
@@ -116,9 +115,7 @@ bool Engine::Impl::TakeInput() {
     sched->tokens = r.prompt;
     sched->num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
     sched->max_total_tokens = static_cast<int32_t>(r.prompt.size()) + r.max_new_tokens;
-    r.sampling.logprobs = r.logprobs;
     Live l{std::move(r.on_event), Sampler(r.sampling)};
-    l.logprobs = r.logprobs;
     l.max_new_tokens = r.max_new_tokens;
     l.prompt_tokens = sched->num_prompt_tokens;
     l.arrival = in.arrival;
@@ -284,7 +281,7 @@ void Engine::Impl::Step() {
     } else {
       ++l.completion_tokens;
       event.tokens.push_back(token);
-      if (l.logprobs) event.logprobs.push_back(logprobs[i]);
+      if (l.sampler.params().logprobs) event.logprobs.push_back(logprobs[i]);
       if (l.completion_tokens >= l.max_new_tokens ||
           static_cast<int32_t>(r.tokens.size()) >= model.config.context_length) {
         event.finished = true;

@@ -79,7 +79,6 @@ struct EngineRequest {
   SamplingParams sampling;
   int32_t max_new_tokens = 256;
   int32_t priority = 0;  // lower runs first
-  bool logprobs = false;
   RidgeFillRequest ridgefill;
   EventCallback on_event;
 };

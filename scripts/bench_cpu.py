@@ -24,7 +24,6 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
 PROMPT = "The history of the Roman empire"
-EVAL_TARGETS = ["ridgeserve-eval"]
 
 
 def run(cmd, env=None, cwd=ROOT):
@@ -49,17 +48,17 @@ def eval_json(bin_dir, args, env):
     return json.loads(proc.stdout.strip().splitlines()[-1]), int(rss.group(1)) * 1024, proc.stderr
 
 
-def measure(bin_dir, threads, env, extra):
+def measure(bin_dir, threads, env):
     t = ["--threads", str(threads)]
     out = {}
     gen, rss, log = eval_json(bin_dir, ["generate", "--prompt", PROMPT, "--max_new_tokens",
-                                        "128", *t, *extra], env)
+                                        "128", *t], env)
     out["decode_tokens_per_s"] = gen["tokens_per_second"]
     out["peak_rss_bytes"] = rss
     m = re.search(r"weights: ([\d.]+) MB resident", log)
     if m:
         out["resident_weight_bytes"] = float(m.group(1)) * 1e6
-    pre, _, _ = eval_json(bin_dir, ["bench-prefill", "--lengths", "512,2048", *t, *extra], env)
+    pre, _, _ = eval_json(bin_dir, ["bench-prefill", "--lengths", "512,2048", *t], env)
     for r in pre["results"]:
         out[f"prefill_{r['prompt_tokens']}_tokens_per_s"] = r["tokens_per_second"]
         out[f"prefill_{r['prompt_tokens']}_gflop_per_s"] = r["gflop_per_second"]
@@ -93,14 +92,14 @@ def main():
         run(["git", "worktree", "add", "--detach", base_src, args.base])
     else:
         run(["git", "checkout", "--detach", args.base], cwd=base_src)
-    base_bin = build(base_src, os.path.join(bench, "base"), EVAL_TARGETS)
-    head_bin = build(ROOT, os.path.join(bench, "head"), EVAL_TARGETS + ["bench_kernels"])
+    base_bin = build(base_src, os.path.join(bench, "base"), ["ridgeserve-eval"])
+    head_bin = build(ROOT, os.path.join(bench, "head"), ["ridgeserve-eval", "bench_kernels"])
 
     results = {"base": {"rev": args.base}, "head": {}}
     # Alternate the two builds so that drift on a shared machine hits both.
     for _ in range(2):
-        for name, bin_dir, extra in (("base", base_bin, []), ("head", head_bin, [])):
-            r = measure(bin_dir, args.threads, env, extra)
+        for name, bin_dir in (("base", base_bin), ("head", head_bin)):
+            r = measure(bin_dir, args.threads, env)
             for k, v in r.items():
                 best = results[name].get(k)
                 if best is None or (v < best if k.endswith("bytes") else v > best):

@@ -246,7 +246,7 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const v1::GenerateReque
         static_cast<int32_t>(std::min<int64_t>(kDefaultMaxNewTokens, context - prompt_len));
   }
   out.engine.priority = request.priority();
-  out.engine.logprobs = request.sampling().has_logprobs() && request.sampling().logprobs();
+  out.engine.sampling.logprobs = request.sampling().has_logprobs() && request.sampling().logprobs();
   if (request.prefill().mode() == v1::PrefillOptions::RIDGEFILL) {
     const v1::RidgeFillOptions& r = request.prefill().ridgefill();
     RidgeFillRequest& fill = out.engine.ridgefill;

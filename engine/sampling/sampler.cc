@@ -42,15 +42,6 @@ size_t NucleusSize(std::span<Candidate> candidates, double threshold) {
   }
 }
 
-// First index of the largest value: ties go to the lowest token id.
-int32_t Argmax(std::span<const float> logits) {
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  return static_cast<int32_t>(best);
-}
-
 // log_softmax(logits)[token], accumulated in double.
 float LogSoftmaxAt(std::span<const float> logits, int32_t token) {
   const float max = *std::max_element(logits.begin(), logits.end());
@@ -60,6 +51,14 @@ float LogSoftmaxAt(std::span<const float> logits, int32_t token) {
 }
 
 }  // namespace
+
+int32_t Argmax(std::span<const float> logits) {
+  size_t best = 0;
+  for (size_t i = 1; i < logits.size(); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return static_cast<int32_t>(best);
+}
 
 absl::Status ValidateSamplingParams(const SamplingParams& params) {
   // Comparisons are written so that NaN fails them.

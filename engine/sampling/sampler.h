@@ -30,6 +30,9 @@ struct SamplingParams {
   bool logprobs = false;
 };
 
+// Greedy choice: the first index of the largest logit (ties go to the lowest token id).
+int32_t Argmax(std::span<const float> logits);
+
 // InvalidArgument naming the field ("temperature must be >= 0, got -1").
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
@@ -42,6 +45,7 @@ struct SampleResult {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
+  const SamplingParams& params() const { return params_; }
 
   // `logits` has vocab_size entries; `context` is prompt + generated ids so far (used by the
   // repetition penalty). Deterministic given the seed and the sequence of calls.

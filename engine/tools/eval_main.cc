@@ -281,7 +281,7 @@ class Eval {
         ForwardBatch batch;
         batch.AddSequence(tables[s], kBlock, prompt, 0, true);
         RS_RETURN_IF_ERROR(model_->llama->Forward(batch, cache, logits));
-        last[s] = ArgMax(logits);
+        last[s] = Argmax(logits);
       }
       const auto start = Clock::now();
       for (int32_t step = 0; step < steps; ++step) {
@@ -292,7 +292,7 @@ class Eval {
         }
         RS_RETURN_IF_ERROR(model_->llama->Forward(batch, cache, logits));
         for (int32_t s = 0; s < streams; ++s) {
-          last[s] = ArgMax(std::span<const float>(logits).subspan(
+          last[s] = Argmax(std::span<const float>(logits).subspan(
               static_cast<size_t>(s) * c.vocab_size, c.vocab_size));
         }
       }

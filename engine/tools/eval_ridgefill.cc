@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
 #include "engine/ridgefill/ridgefill_maps.h"
+#include "engine/sampling/sampler.h"
 #include "engine/tools/sequence_runner.h"
 #include "engine/tools/tool_util.h"
 #include "spdlog/spdlog.h"
@@ -59,7 +60,7 @@ absl::StatusOr<std::string> GreedyAnswer(Model& model, std::span<const int32_t> 
   RS_RETURN_IF_ERROR(runner.Append(prompt, chunk, /*all_logits=*/false, logits, fill));
   std::vector<int32_t> out;
   for (int32_t i = 0; i < new_tokens; ++i) {
-    out.push_back(ArgMax(logits));
+    out.push_back(Argmax(logits));
     if (i + 1 < new_tokens) {
       RS_RETURN_IF_ERROR(runner.Append(std::span(&out.back(), 1), 1, false, logits));
     }

@@ -2,10 +2,8 @@
 #ifndef RIDGESERVE_ENGINE_TOOLS_TOOL_UTIL_H_
 #define RIDGESERVE_ENGINE_TOOLS_TOOL_UTIL_H_
 
-#include <algorithm>
 #include <chrono>
 #include <cstdint>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -21,11 +19,6 @@ inline double SecondsSince(ToolClock::time_point start) {
 
 // The whole file, or NotFound naming it.
 absl::StatusOr<std::string> ReadFile(const std::string& path);
-
-// Index of the largest logit (the first of equals): greedy decoding in the tools.
-inline int32_t ArgMax(std::span<const float> logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
 
 // "1,2,3" → {1, 2, 3}; InvalidArgument naming --flag on anything else.
 absl::StatusOr<std::vector<int32_t>> ParseIntList(const std::string& flag, const std::string& s);

@@ -113,6 +113,20 @@ void RepackRow(DType type, Layout layout, const uint8_t* src, int64_t cols, uint
   }
 }
 
+// Integer e of block b of a packed row's quants.
+int32_t QuantAt(Layout layout, const uint8_t* q, int64_t b, int e) {
+  switch (layout) {
+    case Layout::kU4: {
+      const uint8_t byte = q[16 * b + e % 16];
+      return e < 16 ? byte & 0x0F : byte >> 4;
+    }
+    case Layout::kU8:
+      return q[kBlock * b + e];
+    default:
+      return static_cast<int8_t>(q[kBlock * b + e]);
+  }
+}
+
 // Row `r` of a 32-block segment to f32: fma(d, q, m), or d * q for kS8 (IntegerBlocks32's
 // identity makes these DequantizeRow's values).
 void DequantizeBlockRow(const CpuWeight::Segment& s, int64_t local_row, int64_t cols, float* dst,
@@ -151,23 +165,9 @@ void DequantizeBlockRow(const CpuWeight::Segment& s, int64_t local_row, int64_t 
   }
   for (int64_t b = 0; b < nb; ++b) {
     for (int e = 0; e < kBlock; ++e) {
-      float* out = dst + kBlock * b + e;
-      switch (s.layout) {
-        case Layout::kU4: {
-          const uint8_t byte = row.q[16 * b + e % 16];
-          const int q = e < 16 ? byte & 0x0F : byte >> 4;
-          *out = std::fma(row.d[b], static_cast<float>(q), row.m[b]);
-          break;
-        }
-        case Layout::kU8:
-          *out = std::fma(row.d[b], static_cast<float>(row.q[kBlock * b + e]), row.m[b]);
-          break;
-        case Layout::kS8:
-          *out = row.d[b] * static_cast<float>(static_cast<int8_t>(row.q[kBlock * b + e]));
-          break;
-        case Layout::kStored:
-          break;
-      }
+      const float q = static_cast<float>(QuantAt(s.layout, row.q, b, e));
+      dst[kBlock * b + e] =
+          s.layout == Layout::kS8 ? row.d[b] * q : std::fma(row.d[b], q, row.m[b]);
     }
   }
 }
@@ -319,81 +319,6 @@ TileFn PickTile(Isa isa, int mr, int nr) {
   return isa == Isa::kAvx2 ? kAvx2[mr - 1][nr - 1] : kScalar[mr - 1][nr - 1];
 }
 
-// ---- the f32 path for a few rows of x on 32-block weights ---------------------------------
-// Decode rows: converting a panel costs more than the few rows use it, so the weights are
-// converted in registers, one 8-weight group at a time, and multiplied at once. The values
-// and the FMA order are the panel path's, so the bits are too.
-
-// Weights 8g..8g+7 of block b of a packed row as f32 (DequantizeBlockRow's values).
-template <Layout L>
-inline __m256 BlockGroupAvx2(const BlockRow& w, int64_t b, int g) {
-  const __m256 d = _mm256_set1_ps(w.d[b]);
-  if constexpr (L == Layout::kU4) {
-    const __m128i qs =
-        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.q + 16 * b + 8 * (g % 2)));
-    const __m128i q = g < 2 ? _mm_and_si128(qs, _mm_set1_epi8(0x0F))
-                            : _mm_and_si128(_mm_srli_epi16(qs, 4), _mm_set1_epi8(0x0F));
-    return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), _mm256_set1_ps(w.m[b]));
-  } else {
-    const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.q + kBlock * b + 8 * g));
-    if constexpr (L == Layout::kS8) {
-      return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)));
-    } else {
-      return _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)),
-                             _mm256_set1_ps(w.m[b]));
-    }
-  }
-}
-
-template <int MR, int NR, Layout L>
-void FusedTileAvx2(const float* x, int64_t k, const BlockRow* w, const float* bias, float* y,
-                   int64_t ldy) {
-  __m256 acc[MR][NR];
-  for (int r = 0; r < MR; ++r) {
-    for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
-  }
-  for (int64_t b = 0; b < k / kBlock; ++b) {
-    for (int g = 0; g < 4; ++g) {
-      __m256 xv[MR];
-      for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + r * k + kBlock * b + 8 * g);
-      for (int j = 0; j < NR; ++j) {
-        const __m256 wv = BlockGroupAvx2<L>(w[j], b, g);
-        for (int r = 0; r < MR; ++r) acc[r][j] = _mm256_fmadd_ps(xv[r], wv, acc[r][j]);
-      }
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    for (int j = 0; j < NR; ++j) {
-      const float sum = ReduceAvx2(acc[r][j]);
-      y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
-    }
-  }
-}
-
-// Rows of x below which the f32 path converts weights in registers (AVX2, 32-block layouts).
-constexpr int32_t kFusedMaxRows = 2;
-using FusedTileFn = void (*)(const float* x, int64_t k, const BlockRow* w, const float* bias,
-                             float* y, int64_t ldy);
-
-template <Layout L, int MR, int... N>
-constexpr std::array<FusedTileFn, sizeof...(N)> FusedRow(std::integer_sequence<int, N...>) {
-  return {FusedTileAvx2<MR, N + 1, L>...};
-}
-
-FusedTileFn PickFusedTile(Layout layout, int mr, int nr) {
-  static constexpr std::array<std::array<FusedTileFn, kNr>, kFusedMaxRows> kU4 = {
-      FusedRow<Layout::kU4, 1>(std::make_integer_sequence<int, kNr>()),
-      FusedRow<Layout::kU4, 2>(std::make_integer_sequence<int, kNr>())};
-  static constexpr std::array<std::array<FusedTileFn, kNr>, kFusedMaxRows> kU8 = {
-      FusedRow<Layout::kU8, 1>(std::make_integer_sequence<int, kNr>()),
-      FusedRow<Layout::kU8, 2>(std::make_integer_sequence<int, kNr>())};
-  static constexpr std::array<std::array<FusedTileFn, kNr>, kFusedMaxRows> kS8 = {
-      FusedRow<Layout::kS8, 1>(std::make_integer_sequence<int, kNr>()),
-      FusedRow<Layout::kS8, 2>(std::make_integer_sequence<int, kNr>())};
-  const auto& table = layout == Layout::kU4 ? kU4 : layout == Layout::kU8 ? kU8 : kS8;
-  return table[mr - 1][nr - 1];
-}
-
 // ---- the int8 path ------------------------------------------------------------------------
 
 // Row i of x as int8 blocks: q [k], dx [nb], sx [nb] (linear.h).
@@ -477,16 +402,7 @@ void Int8TileScalar(const QuantizedX& xq, const BlockRow* w, Layout layout, cons
         for (int l = 0; l < kLanes; ++l) {
           int32_t p = 0;
           for (int e = 4 * l; e < 4 * l + 4; ++e) {
-            int32_t qw;
-            if (layout == Layout::kU4) {
-              const uint8_t byte = w[j].q[16 * b + e % 16];
-              qw = e < 16 ? byte & 0x0F : byte >> 4;
-            } else if (layout == Layout::kU8) {
-              qw = w[j].q[kBlock * b + e];
-            } else {
-              qw = static_cast<int8_t>(w[j].q[kBlock * b + e]);
-            }
-            p += qw * xr[kBlock * b + e];
+            p += QuantAt(layout, w[j].q, b, e) * xr[kBlock * b + e];
           }
           acc[l] = std::fma(static_cast<float>(p), dd, acc[l]);
         }
@@ -619,20 +535,6 @@ void LinearF32(const float* x, int32_t n, const CpuWeight& w, int64_t j0, int64_
                const float* bias, float* y, int64_t ldy, int num_threads, Isa isa) {
   const int64_t k = w.cols();
   const int64_t kpad = RoundUp(std::max<int64_t>(k, 1), kLanes);
-  const CpuWeight::Segment& s = w.SegmentOf(j0);
-  if (isa == Isa::kAvx2 && n <= kFusedMaxRows && s.layout != Layout::kStored) {
-    ForTiles((rows + kNr - 1) / kNr, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
-      for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-        const int64_t c0 = tile * kNr;
-        const int nr = static_cast<int>(std::min<int64_t>(kNr, rows - c0));
-        BlockRow rows_w[kNr];
-        for (int j = 0; j < nr; ++j) rows_w[j] = RowOf(s, j0 + c0 + j - s.row_begin, k / kBlock);
-        PickFusedTile(s.layout, n, nr)(x, k, rows_w, bias != nullptr ? bias + c0 : nullptr, y + c0,
-                                       ldy);
-      }
-    });
-    return;
-  }
   ForTiles((rows + kNr - 1) / kNr, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
     thread_local std::vector<float> panel;
     if (panel.size() < static_cast<size_t>(kNr * kpad)) panel.resize(kNr * kpad);

@@ -236,7 +236,7 @@ TEST_P(LinearTest, FollowsTheStatedArithmeticForEveryType) {
                                                                                  : nb * 40;
       EXPECT_EQ(packed.bytes(), packed_bytes);
       const std::vector<float> bias = RandomFloats(m, 4);
-      // 1 and 2 rows take the decode kernels, 6 the panel ones.
+      // Fewer rows than a tile, and more.
       for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
         for (int32_t n : {1, 2, 6}) {
           const std::vector<float> x = RandomFloats(size_t(n) * k, 3);

@@ -46,7 +46,7 @@ TEST_F(RequestValidationTest, TextWithDefaults) {
   EXPECT_EQ(v->engine.sampling.temperature, 1.0f);
   EXPECT_EQ(v->engine.sampling.top_p, 1.0f);
   EXPECT_FALSE(v->engine.sampling.has_seed);
-  EXPECT_FALSE(v->engine.logprobs);
+  EXPECT_FALSE(v->engine.sampling.logprobs);
   EXPECT_TRUE(v->stop.empty());
   EXPECT_EQ(v->request_id, "");
 }
@@ -82,7 +82,7 @@ TEST_F(RequestValidationTest, SamplingFieldsAreCarried) {
   EXPECT_THAT(v->stop, ElementsAre("\n\n"));
   EXPECT_THAT(v->engine.sampling.stop_token_ids, ElementsAre(2));
   EXPECT_TRUE(v->engine.sampling.ignore_eos);
-  EXPECT_TRUE(v->engine.logprobs);
+  EXPECT_TRUE(v->engine.sampling.logprobs);
 }
 
 TEST_F(RequestValidationTest, ChatUsesTheTemplateWithGenerationPrompt) {
