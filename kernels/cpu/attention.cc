@@ -113,12 +113,15 @@ inline void AccumulateTile(const float* p, const float* const* v, int n, int d0,
       a[x][y] = simd::Mul(simd::Load(acc + x * head_dim + d0 + y * kLanes), ax);
     }
   }
+  // QB broadcasts and one V vector live at a time: 3 x 4 accumulators fit AVX2's 16 registers
+  // (holding all DV vectors of v_j spilled one accumulator to the stack).
   for (int j = 0; j < n; ++j) {
-    VecF vj[DV];
-    for (int y = 0; y < DV; ++y) vj[y] = simd::Load(v[j] + d0 + y * kLanes);
-    for (int x = 0; x < QB; ++x) {
-      const VecF pj = simd::Set1(p[x * kChunk + j]);
-      for (int y = 0; y < DV; ++y) a[x][y] = simd::Fma(pj, vj[y], a[x][y]);
+    VecF pj[QB];
+    for (int x = 0; x < QB; ++x) pj[x] = simd::Set1(p[x * kChunk + j]);
+    for (int y = 0; y < DV; ++y) {
+      VecF vj = simd::Load(v[j] + d0 + y * kLanes);
+      asm("" : "+v"(vj));  // one load, not one folded into each of the QB FMAs
+      for (int x = 0; x < QB; ++x) a[x][y] = simd::Fma(pj[x], vj, a[x][y]);
     }
   }
   for (int x = 0; x < QB; ++x) {

@@ -271,7 +271,10 @@ void TileAvx2(const float* x, int64_t ldx, const float* panel, int64_t kpad, int
     __m256 xv[MR];
     for (int r = 0; r < MR; ++r) xv[r] = _mm256_loadu_ps(x + r * ldx + c);
     for (int j = 0; j < NR; ++j) {
-      const __m256 wv = _mm256_loadu_ps(panel + j * kpad + c);
+      __m256 wv = _mm256_load_ps(panel + j * kpad + c);
+      // Keep wv in a register: GCC otherwise folds the load into each of the MR FMAs, and
+      // the doubled loads, not the FMAs, then bound the loop.
+      __asm__("" : "+x"(wv));
       for (int r = 0; r < MR; ++r) acc[r][j] = _mm256_fmadd_ps(xv[r], wv, acc[r][j]);
     }
   }
@@ -530,27 +533,43 @@ void ForTiles(int64_t tiles, int num_threads, const Body& body) {
   }
 }
 
+// This thread's panel of at least `floats` floats, 64-byte aligned (its rows are kpad floats,
+// a multiple of 8, so every row is aligned for the tile's loads).
+float* PanelBuffer(int64_t floats) {
+  struct Buffer {
+    std::unique_ptr<float, decltype(&std::free)> data{nullptr, &std::free};
+    int64_t size = 0;
+  };
+  thread_local Buffer buffer;
+  if (buffer.size < floats) {
+    const size_t bytes = static_cast<size_t>(RoundUp(floats * 4, kAlignment));
+    buffer.data.reset(static_cast<float*>(std::aligned_alloc(kAlignment, bytes)));
+    if (buffer.data == nullptr) std::abort();  // a few KiB per thread
+    buffer.size = floats;
+  }
+  return buffer.data.get();
+}
+
 // Rows [j0, j0 + rows) of one segment (local rows), f32 path; y rows ldy apart.
 void LinearF32(const float* x, int32_t n, const CpuWeight& w, int64_t j0, int64_t rows,
                const float* bias, float* y, int64_t ldy, int num_threads, Isa isa) {
   const int64_t k = w.cols();
   const int64_t kpad = RoundUp(std::max<int64_t>(k, 1), kLanes);
   ForTiles((rows + kNr - 1) / kNr, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
-    thread_local std::vector<float> panel;
-    if (panel.size() < static_cast<size_t>(kNr * kpad)) panel.resize(kNr * kpad);
+    float* panel = PanelBuffer(kNr * kpad);
     const int32_t row_block = RowBlock(k);
     for (int32_t i0 = 0; i0 < n; i0 += row_block) {
       const int32_t i1 = std::min(n, i0 + row_block);
       for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
         const int64_t c0 = tile * kNr;
         const int nr = static_cast<int>(std::min<int64_t>(kNr, rows - c0));
-        DequantizeRows(w, j0 + c0, nr, panel.data(), kpad, isa);
-        for (int j = 0; j < nr; ++j) std::fill(&panel[j * kpad + k], &panel[(j + 1) * kpad], 0.0f);
+        DequantizeRows(w, j0 + c0, nr, panel, kpad, isa);
+        for (int j = 0; j < nr; ++j) std::fill(panel + j * kpad + k, panel + (j + 1) * kpad, 0.0f);
         const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
         for (int32_t i = i0; i < i1; i += kMr) {
           const int mr = std::min(kMr, i1 - i);
-          PickTile(isa, mr, nr)(x + static_cast<int64_t>(i) * k, k, panel.data(), kpad, k,
-                                tile_bias, y + static_cast<int64_t>(i) * ldy + c0, ldy);
+          PickTile(isa, mr, nr)(x + static_cast<int64_t>(i) * k, k, panel, kpad, k, tile_bias,
+                                y + static_cast<int64_t>(i) * ldy + c0, ldy);
         }
       }
     }
