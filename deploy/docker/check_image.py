@@ -12,12 +12,20 @@
   * both targets (cpu, cuda) build with RIDGESERVE_NATIVE=OFF, run as uid 1000, ship no model,
     and the CUDA architectures are a build argument passed to CMake;
   * .dockerignore keeps models, build trees and the virtual environment out of the context;
+  * the slim runtime base's dpkg filters (debian:12-slim skips /usr/share/doc/* and the like)
+    do not drop a file the init step reads, unless the Dockerfile lets it back in;
+  * the ENTRYPOINT's default arguments are flags `ridgeserve --helpfull` lists, the
+    HEALTHCHECK's are flags `ridgeserve-cli --helpfull` lists, and the HEALTHCHECK dials the
+    port the default arguments serve on;
   * ridgeserve-model-init provides a model and maps from a path and from a URL (checksum
-    checked), keeps what is on the volume, and fails on a wrong checksum or a missing file.
+    checked), keeps what is on the volume, fails on a wrong checksum or a missing file, and
+    waits while another init container holds the volume's lock.
 
 Usage: check_image.py [BUILD_BIN_DIR]  (default: $RIDGESERVE_BIN, else build/bin)
 """
 
+import fcntl
+import fnmatch
 import glob
 import hashlib
 import os
@@ -38,8 +46,13 @@ IMAGE_BIN = "/opt/ridgeserve/bin/"
 # model-init.sh run, as the image's Debian has them.
 INIT_TOOLS = ["/usr/bin/python3", "/usr/bin/unzip", "/usr/bin/sha256sum", "/usr/bin/bible",
               "/usr/bin/bash", "/usr/bin/cp", "/usr/bin/mv", "/usr/bin/mktemp",
-              "/usr/bin/readlink", "/usr/bin/sleep"]
+              "/usr/bin/readlink", "/usr/bin/sleep", "/usr/bin/flock"]
 JARGON = "/usr/share/doc/jargon-text/jargon.txt.gz"
+# What the "slim" Debian images tell dpkg not to install (debuerreotype's
+# scripts/.slimify-excludes, written to /etc/dpkg/dpkg.cfg.d/docker), but copyright files.
+SLIM_EXCLUDES = ["/usr/share/doc/*", "/usr/share/groff/*", "/usr/share/info/*",
+                 "/usr/share/linda/*", "/usr/share/lintian/overrides/*", "/usr/share/locale/*",
+                 "/usr/share/man/*"]
 
 failures = []
 
@@ -118,6 +131,22 @@ def exec_form(rest):
     m = re.search(r"\[.*\]", rest)
     expect(m, f"not in exec form: {rest}")
     return [a.strip().strip('"') for a in m.group(0)[1:-1].split(",")]
+
+
+def default_arg(name, target_args):
+    return next((a for a in target_args if a.startswith(name)), None)
+
+
+def helpfull_flags(binary):
+    r = subprocess.run([binary, "--helpfull"], capture_output=True, text=True, timeout=60)
+    flags = set(re.findall(r"^\s+--([a-z_0-9]+) \(", r.stdout + r.stderr, re.MULTILINE))
+    expect(len(flags) > 5, f"could not read the flags of {binary} --helpfull")
+    return flags
+
+
+def flag_names(args):
+    """Flag names of an argument list in `--flag value` or `--flag=value` form."""
+    return [a[2:].split("=", 1)[0] for a in args if a.startswith("--")]
 
 
 def image_commands(target):
@@ -311,6 +340,38 @@ def main():
         for want in ("models", "build", ".venv", "*.gguf"):
             expect(want in entries, f".dockerignore does not exclude {want}")
 
+    def slim_keeps_init_files():
+        runtime_from = STAGES["runtime-base"][0][1]
+        default = next(r.split("=", 1)[1] for w, r in STAGES["global"]
+                       if w == "ARG" and r.startswith(runtime_from.strip("${}") + "="))
+        expect("slim" in default, f"runtime base {default}: not a slim image (update this check)")
+        runs = [r for w, r in STAGES["runtime-base"] if w == "RUN"]
+        install = next(i for i, r in enumerate(runs) if "apt-get install" in r)
+        includes = [m for r in runs[:install] for m in re.findall(r"path-include=(\S+?)'?\s", r + " ")]
+        for path in INIT_TOOLS + [JARGON]:
+            for pattern in SLIM_EXCLUDES:
+                if fnmatch.fnmatch(path, pattern):
+                    expect(any(fnmatch.fnmatch(path, inc) for inc in includes),
+                           f"{default} does not install {path} ({pattern} is excluded) and "
+                           f"the Dockerfile does not path-include it before apt-get install")
+
+    def default_args_are_flags():
+        server = helpfull_flags(os.path.join(bin_dir, "ridgeserve"))
+        cli = helpfull_flags(os.path.join(bin_dir, "ridgeserve-cli"))
+        for target in TARGETS:
+            cmd = [exec_form(r) for w, r in chain(target) if w == "CMD"][-1]
+            unknown = sorted(set(flag_names(cmd)) - server)
+            expect(not unknown, f"{target}: CMD passes --{', --'.join(unknown)}, not ridgeserve flags")
+            health = exec_form([r for w, r in chain(target) if w == "HEALTHCHECK"][-1]
+                               .split("CMD", 1)[1])
+            unknown = sorted(set(flag_names(health)) - cli)
+            expect(not unknown, f"{target}: HEALTHCHECK passes --{', --'.join(unknown)}, "
+                   "not ridgeserve-cli flags")
+            port = cmd[cmd.index("--port") + 1]
+            target_addr = health[health.index("--target") + 1]
+            expect(target_addr.endswith(":" + port),
+                   f"{target}: HEALTHCHECK dials {target_addr}, the server listens on {port}")
+
     def model_init():
         check_model_init(bin_dir)
 
@@ -318,8 +379,10 @@ def main():
     check("ldd: every library is in the runtime package set", libraries_in_packages)
     check("targets: NATIVE=OFF, uid 1000, no model, CUDA architectures", build_settings)
     check(".dockerignore", dockerignore)
-    check("ridgeserve-model-init: path, url, volume, checksum", model_init)
-    print(f"\ncheck_image: {5 - len(failures)} passed, {len(failures)} failed")
+    check("the slim runtime base keeps every file the init step reads", slim_keeps_init_files)
+    check("CMD and HEALTHCHECK pass flags the binaries know", default_args_are_flags)
+    check("ridgeserve-model-init: path, url, volume, checksum, lock", model_init)
+    print(f"\ncheck_image: {7 - len(failures)} passed, {len(failures)} failed")
     sys.exit(1 if failures else 0)
 
 
@@ -377,6 +440,28 @@ def check_model_init(bin_dir):
                f"missing maps, source volume: {r.returncode} {r.stderr}")
         leftovers = [n for n in os.listdir(models) if n.endswith(".partial")]
         expect(not leftovers, f"partial files left: {leftovers}")
+        # A second pod's init container waits while the first holds the volume's lock.
+        os.remove(os.path.join(models, "m.gguf"))
+        with open(os.path.join(models, ".ridgeserve-model-init.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            full = {"PATH": os.environ["PATH"], "HOME": tmp, "MODEL_FILE": "m.gguf",
+                    "MODEL_SOURCE": "path", "MODEL_PATH": os.path.join(src, "m.gguf"),
+                    "MAPS_SOURCE": "none"}
+            p = subprocess.Popen([init], env=full, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            try:
+                p.wait(timeout=2)
+                raise AssertionError(f"ran while the lock was held: {p.returncode} "
+                                     f"{p.stderr.read()}")
+            except subprocess.TimeoutExpired:
+                pass
+            expect(not os.path.exists(os.path.join(models, "m.gguf")),
+                   "wrote the model while another held the lock")
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        _, err = p.communicate(timeout=30)
+        expect(p.returncode == 0 and "waiting for its lock" in err, f"after the lock: {err}")
+        expect(open(os.path.join(models, "m.gguf"), "rb").read() == model_bytes,
+               "model after the lock")
 
 
 if __name__ == "__main__":

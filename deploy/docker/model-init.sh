@@ -2,7 +2,10 @@
 # ridgeserve-model-init: fills the model volume (/models) before the server starts, first the
 # model, then its RidgeFill maps. What is there already is kept, so a restarted pod or a second
 # replica on the same volume does no work twice; every file appears under its final name only
-# once complete (written beside it, then renamed).
+# once complete (written beside it, then renamed). Init containers of several pods sharing one
+# (ReadWriteMany) volume take turns: each holds a lock on /models/.ridgeserve-model-init.lock
+# while it works, so the second finds what the first wrote instead of writing the same
+# temporary files at the same time.
 #
 # Environment (the Helm chart sets these from its values):
 #   MODEL_FILE      file (or Hugging Face directory) name under /models
@@ -72,6 +75,15 @@ provide() {
     *) die "$what: unknown source '$source'" ;;
   esac
 }
+
+# One init container at a time on this volume (flock: util-linux, Essential in Debian).
+lock=$dir/.ridgeserve-model-init.lock
+if ! { exec 9>>"$lock"; } 2>/dev/null; then
+  log "warning: cannot open $lock (read-only volume?); going on without the lock"
+elif ! flock -n 9; then
+  log "another pod is filling $dir; waiting for its lock"
+  flock 9 || log "warning: cannot lock $lock; going on without it"
+fi
 
 : "${MODEL_FILE:?}"
 model=$dir/$MODEL_FILE

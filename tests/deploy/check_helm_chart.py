@@ -12,7 +12,8 @@ library), for the chart's defaults and every values file in helm/ridgeserve/ci/.
   * operator assertions: nvidia.com/gpu equals tensorParallel on cuda and is absent on cpu;
     all three probes are gRPC probes of grpc.health.v1 on the port --port names; /dev/shm is
     a memory volume exactly when tensorParallel > 1; the grace period exceeds the preStop
-    sleep plus --shutdown_timeout_s, and liveness tolerates a whole drain; container ports
+    sleep plus --shutdown_timeout_s plus the server's abort and exit, and liveness tolerates a
+    whole drain; rollouts take a pod down before its replacement needs its GPUs; container ports
     equal --port / --metrics_port and the Services target them; every flag the chart passes
     is one `ridgeserve --helpfull` lists; the dashboard ConfigMap and PrometheusRule equal
     deploy/grafana and deploy/prometheus/rules (through links, not copies); the ServiceMonitor
@@ -55,6 +56,9 @@ K8S_VERSION = kubernetes_validate.utils.latest_version()
 CRD_MODELS = {"ServiceMonitor": prom.ServiceMonitor, "PrometheusRule": prom.PrometheusRule,
               "ScaledObject": keda.ScaledObject}
 MIN_STARTUP_SECONDS = 1800  # load + warm-up of a 27B model
+# After --shutdown_timeout_s the server gives aborted calls kAbortGrace (3 s) and the gRPC
+# shutdown kShutdownGrace (1 s) before it exits (server/main.cc).
+SERVER_EXIT_SECONDS = 4
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -290,11 +294,25 @@ def check_drain(rels):
         expect_eq(command[0], "sleep", f"{rel.name}: preStop")
         pre_stop = int(command[1])
         grace = rel.pod["terminationGracePeriodSeconds"]
-        expect(grace > pre_stop + timeout,
-               f"{rel.name}: grace {grace} s <= preStop {pre_stop} s + shutdown {timeout} s")
+        expect(grace > pre_stop + timeout + SERVER_EXIT_SECONDS,
+               f"{rel.name}: grace {grace} s <= preStop {pre_stop} s + shutdown {timeout} s "
+               f"+ {SERVER_EXIT_SECONDS} s to abort and exit")
         live = rel.server["livenessProbe"]
         expect(live["periodSeconds"] * live["failureThreshold"] > pre_stop + timeout,
                f"{rel.name}: liveness would kill a {pre_stop + timeout} s drain")
+
+
+def check_rollout(rels):
+    # A surge pod would wait for the GPUs (and a ReadWriteOnce volume) the old pod holds.
+    for rel in rels.values():
+        strategy = rel.deployment["spec"]["strategy"]
+        expect_eq(strategy, {"type": "RollingUpdate",
+                             "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+                  f"{rel.name}: update strategy")
+    recreate = Release("strategy Recreate", {"strategy": {"type": "Recreate"}})
+    expect_eq(recreate.deployment["spec"]["strategy"], {"type": "Recreate"},
+              "Recreate without rollingUpdate")
+    kubernetes_validate.validate(recreate.deployment, K8S_VERSION, strict=True)
 
 
 def check_services(rels):
@@ -422,6 +440,8 @@ def check_security(rels):
         psc = rel.pod["securityContext"]
         expect(psc.get("runAsNonRoot") is True, f"{rel.name}: runAsNonRoot")
         expect_eq(str(psc.get("runAsUser")), "1000", f"{rel.name}: runAsUser vs the image")
+        expect_eq(psc.get("fsGroupChangePolicy"), "OnRootMismatch",
+                  f"{rel.name}: fsGroup applied file by file at every start")
         expect_eq(rel.pod.get("automountServiceAccountToken"), False, f"{rel.name}: SA token")
         for c in rel.pod["containers"] + rel.pod["initContainers"]:
             sc = c["securityContext"]
@@ -469,6 +489,9 @@ def check_schema_rejects():
         expect("/tensorParallel" in str(e), f"validate_schema: {e}")
     msg = schema_error({"backend": "cpu", "tensorParallel": 2}) or ""
     expect("/tensorParallel" in msg and "maximum: got 2, want 1" in msg, f"cpu TP=2: {msg!r}")
+    msg = schema_error({"terminationGraceMarginSeconds": 1}) or ""
+    expect("/terminationGraceMarginSeconds" in msg and "minimum: got 1, want 5" in msg,
+           f"grace margin 1: {msg!r}")
     msg = schema_error({"servr": {"port": 1}}) or ""
     expect("'servr' not allowed" in msg, f"typo'd key: {msg!r}")
     msg = schema_error({"model": {"source": "url"}}) or ""
@@ -511,6 +534,7 @@ def main():
     checks.run("probes: grpc.health.v1 on --port", check_probes, rels)
     checks.run("/dev/shm exactly when tensorParallel > 1", check_shm, rels)
     checks.run("grace period > preStop + --shutdown_timeout_s", check_drain, rels)
+    checks.run("rollout: no surge pod waiting for the old pod's GPUs", check_rollout, rels)
     checks.run("ports and Services", check_services, rels)
     checks.run("dashboard and rules equal deploy/ (one source)", check_monitoring_one_source,
                rels)
