@@ -337,8 +337,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
       std::min<int64_t>((int64_t{options.kv_cache_tokens} + block_size - 1) / block_size,
                         std::numeric_limits<int32_t>::max()));
   absl::StatusOr<PagedKvCache> cache = PagedKvCache::Create(
-      model.llama->backend(),
-      KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, block_size, num_blocks});
+      model.llama->backend(), KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, block_size,
+                                           num_blocks, model.llama->kv_cache_dtype()});
   if (!cache.ok()) return cache.status();
   auto impl = std::make_unique<Impl>(model, options, *std::move(cache));
   Impl* raw = impl.get();

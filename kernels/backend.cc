@@ -30,6 +30,16 @@ absl::StatusOr<HostTensor> HostTensor::Cols(int64_t begin, int64_t count) const 
   return out;
 }
 
+absl::StatusOr<DType> ResolveKvCacheDType(std::string_view name, const Backend& backend) {
+  if (name == "auto") return backend.DefaultKvCacheDType();
+  absl::StatusOr<DType> dtype = ParseKvCacheDType(name);
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_dtype '", std::string(name), "': want auto, f32, bf16 or f16"));
+  }
+  return dtype;
+}
+
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
     if (data_ != nullptr) backend_->FreeRaw(data_);

@@ -95,10 +95,12 @@ class Weight {
 };
 
 // One layer of the paged KV cache: `k` and `v` are [num_blocks, block_size, num_kv_heads,
-// head_dim]. Token slot s lives in block s / block_size at offset s % block_size.
+// head_dim] elements of `dtype` (F32, F16 or BF16; kernels/dtype.h). Token slot s lives in
+// block s / block_size at offset s % block_size.
 struct KvLayerView {
-  float* k = nullptr;
-  float* v = nullptr;
+  uint8_t* k = nullptr;
+  uint8_t* v = nullptr;
+  DType dtype = DType::kF32;
   int32_t num_blocks = 0;
   int32_t block_size = 0;
   int32_t num_kv_heads = 0;
@@ -120,6 +122,8 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // The KV cache element type --kv_cache_dtype auto picks (CPU: F16, measured in README).
+  virtual DType DefaultKvCacheDType() const = 0;
 
   // --- memory ---------------------------------------------------------------------------
   // Uninitialized memory, 64-byte aligned on the CPU; an empty buffer when bytes == 0.
@@ -175,7 +179,8 @@ class Backend {
   //   c = np.cos(theta.astype(np.float64)).astype(np.float32), likewise s.
   virtual void Rope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
                     const int32_t* positions, const float* inv_freq) = 0;
-  // Writes row i of k and v (each num_kv_heads*head_dim wide, rows `ld` apart) to slots[i].
+  // Writes row i of k and v (each num_kv_heads*head_dim wide, rows `ld` apart) to slots[i],
+  // converted to the cache's dtype by ConvertFromFloat (round to nearest even).
   virtual void StoreKv(const KvLayerView& cache, const float* k, const float* v, int32_t ld,
                        int32_t n, const int32_t* slots) = 0;
   // out[i, h*head_dim...] = softmax(q_h · Kᵀ * scale) · V over the row's causal context,
@@ -184,6 +189,8 @@ class Backend {
   // order (CPU: online softmax over chunks of 64 positions, running max and sum), so its
   // result depends only on its query, its position and the cached K/V: not on the other rows,
   // on how a prefill is chunked, or on the block size and which blocks hold the tokens.
+  // F16 and BF16 entries are widened to f32 exactly, so the result equals that of an F32 cache
+  // holding the rounded values.
   virtual void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
                          const AttentionRows& rows, float scale, float* out) = 0;
   // out[i, j] = silu(gate_up[i, j]) * gate_up[i, ff + j]; gate_up [n, 2*ff], out [n, ff].
@@ -195,6 +202,9 @@ class Backend {
   virtual void GatherRows(const float* src, int32_t dim, const int32_t* index, int32_t n,
                           float* dst) = 0;
 };
+
+// A --kv_cache_dtype value: "auto" (the backend's default) or one ParseKvCacheDType takes.
+absl::StatusOr<DType> ResolveKvCacheDType(std::string_view name, const Backend& backend);
 
 }  // namespace ridgeserve
 

@@ -11,8 +11,10 @@
 
 #include <bit>
 #include <cassert>
+#include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -56,6 +58,60 @@ float HalfToFloat(uint16_t h) {
     bits = sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13);
   }
   return std::bit_cast<float>(bits);
+}
+
+uint16_t FloatToHalf(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) return sign | 0x7E00u | ((magnitude >> 13) & 0x3FFu);  // NaN
+  if (magnitude >= 0x477FF000u) return sign | 0x7C00u;  // rounds to >= 2^16: infinity
+  if (magnitude < 0x38800000u) {
+    // Below 2^-14: an f16 subnormal, round(|f| * 2^24) units of 2^-24. The product is exact and
+    // nearbyint rounds to nearest even in the default mode.
+    const float units = std::nearbyint(std::bit_cast<float>(magnitude) * 0x1p24f);
+    return sign | static_cast<uint16_t>(units);  // 1024 units is the smallest normal's bits
+  }
+  // Normal: drop 13 mantissa bits, rounding to nearest even; a carry into the exponent is right.
+  const uint32_t rebased = magnitude - (uint32_t{127 - 15} << 23);
+  const uint32_t rounded = rebased + 0x0FFFu + ((rebased >> 13) & 1u);
+  return sign | static_cast<uint16_t>(rounded >> 13);
+}
+
+uint16_t FloatToBFloat16(float f) {
+  const uint32_t bits = std::bit_cast<uint32_t>(f);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+bool IsKvCacheDType(DType type) {
+  return type == DType::kF32 || type == DType::kF16 || type == DType::kBF16;
+}
+
+absl::StatusOr<DType> ParseKvCacheDType(std::string_view name) {
+  if (name == "f32") return DType::kF32;
+  if (name == "f16") return DType::kF16;
+  if (name == "bf16") return DType::kBF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv_cache_dtype '", std::string(name), "': want f32, bf16 or f16"));
+}
+
+std::string_view KvCacheDTypeName(DType type) {
+  return type == DType::kF16 ? "f16" : type == DType::kBF16 ? "bf16" : "f32";
+}
+
+size_t ElementBytes(DType type) { return type == DType::kF32 ? 4 : 2; }
+
+void ConvertFromFloat(const float* src, int64_t n, DType type, uint8_t* dst) {
+  if (type == DType::kF32) {
+    std::memcpy(dst, src, sizeof(float) * n);
+    return;
+  }
+  const auto convert = type == DType::kF16 ? FloatToHalf : FloatToBFloat16;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t h = convert(src[i]);
+    std::memcpy(dst + 2 * i, &h, sizeof(h));
+  }
 }
 
 namespace {

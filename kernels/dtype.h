@@ -46,6 +46,23 @@ absl::StatusOr<size_t> StorageBytes(DType type, int64_t num_elements);
 
 // Exact binary16 -> binary32 (every f16 value, subnormals, infinities and NaN payloads).
 float HalfToFloat(uint16_t h);
+// binary32 -> binary16 and -> bfloat16, rounded to nearest, ties to even (as IEEE conversion,
+// F16C's vcvtps2ph and PyTorch's .to(torch.bfloat16) round): overflow gives infinity, f16
+// keeps subnormals, NaN stays NaN (quiet).
+uint16_t FloatToHalf(float f);
+uint16_t FloatToBFloat16(float f);
+
+// The element types a KV cache may hold.
+bool IsKvCacheDType(DType type);
+// "f32", "bf16" or "f16" (the --kv_cache_dtype values); InvalidArgument naming the value.
+absl::StatusOr<DType> ParseKvCacheDType(std::string_view name);
+// The --kv_cache_dtype name of F32, F16 or BF16.
+std::string_view KvCacheDTypeName(DType type);
+// Bytes of one element of F32, F16 or BF16.
+size_t ElementBytes(DType type);
+// dst[i] = src[i] in `type` (F32, F16 or BF16) with the rounding above; `dst` holds
+// n * ElementBytes(type) bytes.
+void ConvertFromFloat(const float* src, int64_t n, DType type, uint8_t* dst);
 
 // The formats whose values are d * q + m over blocks of 32 weights with a small integer q:
 // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the 32-weight sub-blocks of Q4_K and Q5_K.

@@ -68,6 +68,9 @@ ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all)");
 ABSL_FLAG(std::string, cpu_activations, "f32",
           "CPU backend: f32 (float math on the exact dequantized weights) or int8 (activations "
           "quantized per 32-block, integer dot products: about 1.9x the decode speed, less exact)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element type: f32, bf16, f16 (rounded to nearest even when stored, widened "
+          "exactly when read) or auto (the backend's default: f16 on the CPU)");
 ABSL_FLAG(std::string, draft_model, "", "draft model for SPEC_PC / SPEC_KV (not implemented yet)");
 ABSL_FLAG(double, shutdown_timeout_s, 30,
           "on SIGTERM/SIGINT, how long in-flight requests may take to finish before they are "
@@ -183,6 +186,9 @@ absl::Status Serve(ShutdownSignal& signals) {
   const std::string model_path = absl::GetFlag(FLAGS_model);
   const absl::Time load_start = absl::Now();
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(model_path, *backend));
+  RS_ASSIGN_OR_RETURN(const DType kv_dtype,
+                      ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), *backend));
+  model->llama->SetKvCacheDType(kv_dtype);
   spdlog::info("loaded {} ({}, {} layers, context {}) in {:.2f} s", model_path,
                model->config.arch_name, model->config.num_layers, model->config.context_length,
                absl::ToDoubleSeconds(absl::Now() - load_start));
@@ -217,6 +223,17 @@ absl::Status Serve(ShutdownSignal& signals) {
   engine_options.kv_cache_tokens = absl::GetFlag(FLAGS_kv_cache_tokens);
   engine_options.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
+  {
+    const EngineStats stats = engine->stats();
+    const KvCacheShape kv{model->config.num_layers, model->config.num_kv_heads,
+                          model->config.head_dim,   stats.kv_block_size,
+                          stats.kv_blocks_total,    kv_dtype};
+    spdlog::info("KV cache: {} tokens of {} ({} bytes a token, {:.1f} MiB)",
+                 int64_t{stats.kv_blocks_total} * stats.kv_block_size, KvCacheDTypeName(kv_dtype),
+                 kv.BytesPerToken(),
+                 static_cast<double>(kv.BytesPerToken()) * stats.kv_blocks_total *
+                     stats.kv_block_size / (1 << 20));
+  }
 
   options.backend = absl::GetFlag(FLAGS_backend);
   options.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);

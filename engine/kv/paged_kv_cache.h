@@ -20,6 +20,12 @@ struct KvCacheShape {
   int32_t head_dim = 0;
   int32_t block_size = 16;
   int32_t num_blocks = 0;
+  DType dtype = DType::kF32;  // F32, F16 or BF16
+
+  // Bytes of K plus V for one token over all layers.
+  size_t BytesPerToken() const {
+    return 2 * ElementBytes(dtype) * static_cast<size_t>(num_layers) * num_kv_heads * head_dim;
+  }
 };
 
 class PagedKvCache {
@@ -30,6 +36,14 @@ class PagedKvCache {
 
   const KvCacheShape& shape() const { return shape_; }
   KvLayerView layer(int32_t l) const;
+
+  // Host copies of layer l's K and V at `count` consecutive slots from `slot`, widened to f32
+  // (k and v hold count * num_kv_heads * head_dim floats each) — offline tools read the cache
+  // this way. CopyFromHost writes them back, rounded as StoreKv rounds.
+  void CopyToHost(Backend& backend, int32_t l, int32_t slot, int32_t count, float* k,
+                  float* v) const;
+  void CopyFromHost(Backend& backend, int32_t l, int32_t slot, int32_t count, const float* k,
+                    const float* v);
   BlockPool& pool() { return pool_; }
   const BlockPool& pool() const { return pool_; }
 

@@ -89,6 +89,11 @@ class LlamaModel {
   // The weights on the backend (read-only; offline tools read norms and projections).
   const ModelWeights& weights() const { return weights_; }
 
+  // The element type of the KV caches made for this model (Engine, SequenceRunner): F32, F16
+  // or BF16 (--kv_cache_dtype). Forward takes whatever cache it is given.
+  void SetKvCacheDType(DType dtype) { kv_cache_dtype_ = dtype; }
+  DType kv_cache_dtype() const { return kv_cache_dtype_; }
+
   // Maps for rows with a fill split (nullptr = none; batches with filled rows then fail).
   // Not owned; must outlive every Forward that uses them and live on this model's backend.
   void SetRidgeFillMaps(const RidgeFillMaps* maps) { ridgefill_maps_ = maps; }
@@ -131,6 +136,7 @@ class LlamaModel {
   ModelConfig config_;
   ModelWeights weights_;
   Backend& backend_;
+  DType kv_cache_dtype_ = DType::kF32;
   const RidgeFillMaps* ridgefill_maps_ = nullptr;
   float max_leverage_ = 0;
 

@@ -92,6 +92,9 @@ ABSL_FLAG(int64_t, max_holdout_rows, 4096, "at most this many held-out rows");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0 = all)");
 ABSL_FLAG(std::string, cpu_activations, "f32",
           "CPU Linear arithmetic: f32 (the default: float math on the exact weights) or int8");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element type: f32, bf16, f16 (rounded to nearest even when stored, widened "
+          "exactly when read) or auto (the backend's default: f16 on the CPU)");
 ABSL_FLAG(std::string, check, "", "map file to check against --model (prints its summary)");
 
 namespace ridgeserve {
@@ -526,6 +529,9 @@ class Calibrator {
                         CreateCpuBackendFromEnvironment(absl::GetFlag(FLAGS_threads), activations));
     RS_ASSIGN_OR_RETURN(ModelIdentity id, IdentifyModel(model_path));
     RS_ASSIGN_OR_RETURN(model_, LoadModel(model_path, *backend_));
+    RS_ASSIGN_OR_RETURN(const DType kv_dtype,
+                        ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), *backend_));
+    model_->llama->SetKvCacheDType(kv_dtype);
     const ModelConfig& c = model_->config;
     const int32_t num_layers = c.num_layers;
 
@@ -606,8 +612,9 @@ class Calibrator {
     // The exact pass. Targets of `kind` are computed from the captured residuals per layer.
     RS_ASSIGN_OR_RETURN(
         PagedKvCache cache,
-        PagedKvCache::Create(*backend_, KvCacheShape{num_layers, c.num_kv_heads, c.head_dim, 16,
-                                                     (window + 15) / 16}));
+        PagedKvCache::Create(
+            *backend_, KvCacheShape{num_layers, c.num_kv_heads, c.head_dim, 16, (window + 15) / 16,
+                                    model_->llama->kv_cache_dtype()}));
     BlockTable table;
     std::vector<float> logits;
     std::vector<std::vector<float>> targets(num_layers);

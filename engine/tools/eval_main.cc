@@ -54,6 +54,9 @@ ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face directory");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0 = all)");
 ABSL_FLAG(std::string, cpu_activations, "f32",
           "CPU Linear arithmetic: f32 (the default: float math on the exact weights) or int8");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element type: f32, bf16, f16 (rounded to nearest even when stored, widened "
+          "exactly when read) or auto (the backend's default: f16 on the CPU)");
 ABSL_FLAG(std::string, text, "", "input text file");
 ABSL_FLAG(int32_t, ctx, 1024, "perplexity: window length in tokens");
 ABSL_FLAG(int32_t, max_tokens, 0, "perplexity: use at most this many tokens of the text (0 = all)");
@@ -115,6 +118,9 @@ class Eval {
     if (path.empty()) return absl::InvalidArgumentError("--model is required");
     const auto start = Clock::now();
     RS_ASSIGN_OR_RETURN(model_, LoadModel(path, *backend_));
+    RS_ASSIGN_OR_RETURN(const DType kv_dtype,
+                        ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), *backend_));
+    model_->llama->SetKvCacheDType(kv_dtype);
     spdlog::info("model loaded in {:.2f} s", SecondsSince(start));
     return absl::OkStatus();
   }
@@ -269,8 +275,9 @@ class Eval {
       const int32_t per_seq = (kPrompt + steps + kBlock - 1) / kBlock;
       RS_ASSIGN_OR_RETURN(
           PagedKvCache cache,
-          PagedKvCache::Create(*backend_, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim,
-                                                       kBlock, streams * per_seq}));
+          PagedKvCache::Create(*backend_,
+                               KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, kBlock,
+                                            streams * per_seq, model_->llama->kv_cache_dtype()}));
       std::vector<BlockTable> tables(streams);
       std::vector<int32_t> last(streams);
       std::vector<float> logits;

@@ -414,21 +414,16 @@ void CopyKv(Backend& backend, SequenceRunner& runner, HostKv& host, bool to_host
   const int32_t block_size = cache.shape().block_size;
   const size_t row_floats = host.kv_dim;
   for (size_t i = 0; i < host.k.size(); ++i) {
-    const KvLayerView view = cache.layer(host.first_layer + static_cast<int32_t>(i));
+    const int32_t layer = host.first_layer + static_cast<int32_t>(i);
     for (int32_t p = 0; p < host.rows;) {
       const int32_t run = std::min(block_size - p % block_size, host.rows - p);
-      const size_t slot = runner.block_table().Slot(p, block_size);
-      const size_t bytes = sizeof(float) * row_floats * run;
-      float* dk = view.k + slot * row_floats;
-      float* dv = view.v + slot * row_floats;
+      const int32_t slot = runner.block_table().Slot(p, block_size);
       float* hk = host.k[i].data() + p * row_floats;
       float* hv = host.v[i].data() + p * row_floats;
       if (to_host) {
-        backend.CopyToHost(hk, dk, bytes);
-        backend.CopyToHost(hv, dv, bytes);
+        cache.CopyToHost(backend, layer, slot, run, hk, hv);
       } else {
-        backend.CopyToDevice(dk, hk, bytes);
-        backend.CopyToDevice(dv, hv, bytes);
+        cache.CopyFromHost(backend, layer, slot, run, hk, hv);
       }
       p += run;
     }

@@ -10,9 +10,10 @@ namespace ridgeserve {
 SequenceRunner::SequenceRunner(LlamaModel& model, int32_t max_tokens, int32_t block_size)
     : model_(model),
       cache_(PagedKvCache::Create(
-          model.backend(), KvCacheShape{model.config().num_layers, model.config().num_kv_heads,
-                                        model.config().head_dim, block_size,
-                                        (max_tokens + block_size - 1) / block_size})) {}
+          model.backend(),
+          KvCacheShape{model.config().num_layers, model.config().num_kv_heads,
+                       model.config().head_dim, block_size,
+                       (max_tokens + block_size - 1) / block_size, model.kv_cache_dtype()})) {}
 
 SequenceRunner::~SequenceRunner() { Reset(); }
 

@@ -273,14 +273,29 @@ class AlignedFloats {
 
 // Per-thread working memory of one item.
 struct Scratch {
-  AlignedFloats kt;     // [head_dim, kChunk]: the chunk's K, transposed
-  AlignedFloats p;      // [group, kChunk]: scores, then probabilities
-  AlignedFloats acc;    // [kTileRows, group, head_dim]: unnormalized outputs
-  AlignedFloats ml;     // [2, kTileRows, group]: running max m, then running sum l
-  AlignedFloats alpha;  // [group]: this chunk's rescale factor of acc and l
+  AlignedFloats kt;      // [head_dim, kChunk]: the chunk's K, transposed
+  AlignedFloats p;       // [group, kChunk]: scores, then probabilities
+  AlignedFloats acc;     // [kTileRows, group, head_dim]: unnormalized outputs
+  AlignedFloats ml;      // [2, kTileRows, group]: running max m, then running sum l
+  AlignedFloats alpha;   // [group]: this chunk's rescale factor of acc and l
+  AlignedFloats kw, vw;  // [kChunk, head_dim]: an F16 / BF16 chunk's K and V widened to f32
   std::vector<const float*> k = std::vector<const float*>(kChunk);  // [kChunk] K rows
   std::vector<const float*> v = std::vector<const float*>(kChunk);  // [kChunk] V rows
 };
+
+// The f32 row at element `offset` of a cache layer: in place for an F32 cache, else row j of
+// `wide` ([kChunk, head_dim]) after widening it exactly.
+const float* CacheRow(const uint8_t* base, DType dtype, int64_t offset, int head_dim, float* wide,
+                      int j) {
+  if (dtype == DType::kF32) return reinterpret_cast<const float*>(base) + offset;
+  float* row = wide + int64_t{j} * head_dim;
+  if (dtype == DType::kF16) {
+    simd::WidenF16(base + 2 * offset, head_dim, row);
+  } else {
+    simd::WidenBF16(base + 2 * offset, head_dim, row);
+  }
+  return row;
+}
 
 struct Geometry {
   int group;      // query heads per kv head
@@ -375,6 +390,9 @@ void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
   std::fill(l, l + n_rows * g.group, 0.0f);
   const float** k = scratch.k.data();
   const float** v = scratch.v.data();
+  const bool widen = cache.dtype != DType::kF32;
+  float* kw = widen ? scratch.kw.Get(size_t(kChunk) * g.head_dim) : nullptr;
+  float* vw = widen ? scratch.vw.Get(size_t(kChunk) * g.head_dim) : nullptr;
 
   const int32_t head_offset = item.kv_head * g.head_dim;
   for (int32_t base = 0; base <= max_pos; base += kChunk) {
@@ -383,8 +401,9 @@ void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
       const int32_t pos = base + j;
       const int64_t slot =
           int64_t{block_table[pos / cache.block_size]} * cache.block_size + pos % cache.block_size;
-      k[j] = cache.k + slot * g.kv_stride + head_offset;
-      v[j] = cache.v + slot * g.kv_stride + head_offset;
+      const int64_t offset = slot * g.kv_stride + head_offset;
+      k[j] = CacheRow(cache.k, cache.dtype, offset, g.head_dim, kw, j);
+      v[j] = CacheRow(cache.v, cache.dtype, offset, g.head_dim, vw, j);
     }
     TransposeKeys(k, nk, g.head_dim, kt);
     for (int t = 0; t < n_rows; ++t) {

@@ -36,6 +36,9 @@ class CpuBackend final : public Backend {
       : num_threads_(num_threads), isa_(isa), activations_(activations) {}
 
   std::string_view name() const override { return "cpu"; }
+  // Half the bytes of F32 at a perplexity change below 0.01% on the default model, and faster
+  // batched decode at long contexts (README, "KV cache dtype").
+  DType DefaultKvCacheDType() const override { return DType::kF16; }
 
   absl::StatusOr<DeviceBuffer> Alloc(size_t bytes) override {
     if (bytes == 0) return DeviceBuffer();
@@ -109,8 +112,9 @@ class CpuBackend final : public Backend {
     for (int32_t i = 0; i < n; ++i) {
       assert(slots[i] >= 0 && slots[i] < capacity);
       (void)capacity;
-      std::memcpy(cache.k + slots[i] * width, k + int64_t{i} * ld, width * sizeof(float));
-      std::memcpy(cache.v + slots[i] * width, v + int64_t{i} * ld, width * sizeof(float));
+      const size_t offset = ElementBytes(cache.dtype) * slots[i] * width;
+      ConvertFromFloat(k + int64_t{i} * ld, width, cache.dtype, cache.k + offset);
+      ConvertFromFloat(v + int64_t{i} * ld, width, cache.dtype, cache.v + offset);
     }
   }
 

@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/simd.h"
 
 namespace ridgeserve::cpu {
 namespace {
@@ -176,41 +177,11 @@ int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
 // ---- f32 conversion of stored rows --------------------------------------------------------
 
-// AVX2 conversions of stored f16 / bf16 rows, each value as DequantizeRow computes it; other
-// stored types go through DequantizeRow.
-void DequantizeF16Avx2(const uint8_t* src, int64_t n, float* dst) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
-  for (; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, sizeof(h));
-    dst[i] = HalfToFloat(h);
-  }
-}
-
-void DequantizeBF16Avx2(const uint8_t* src, int64_t n, float* dst) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
-    const __m256i bits = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(bits));
-  }
-  for (; i < n; ++i) {
-    uint16_t h;
-    std::memcpy(&h, src + 2 * i, sizeof(h));
-    const uint32_t bits = uint32_t{h} << 16;
-    std::memcpy(dst + i, &bits, sizeof(bits));
-  }
-}
-
 // One stored row to f32. The types were checked at packing, so conversion cannot fail.
 void DequantizeStoredRow(DType dtype, const uint8_t* src, int64_t cols, float* dst, Isa isa) {
   if (isa == Isa::kAvx2) {
-    if (dtype == DType::kF16) return DequantizeF16Avx2(src, cols, dst);
-    if (dtype == DType::kBF16) return DequantizeBF16Avx2(src, cols, dst);
+    if (dtype == DType::kF16) return simd::WidenF16(src, cols, dst);
+    if (dtype == DType::kBF16) return simd::WidenBF16(src, cols, dst);
   }
   const absl::Status status = DequantizeRow(dtype, src, cols, dst);
   assert(status.ok());

@@ -7,6 +7,9 @@
 
 #include <immintrin.h>
 
+#include <cstdint>
+#include <cstring>
+
 #if !defined(__AVX2__) || !defined(__FMA__)
 #error "the CPU backend needs AVX2 and FMA (-march=x86-64-v3 or newer)"
 #endif
@@ -116,6 +119,34 @@ inline VecF ScaleByPow2(VecF p, VecF n) {
 }
 
 #endif
+
+// dst[i] = src[i] for n f16 / bf16 values (little-endian) widened to f32: exact, as
+// HalfToFloat and DequantizeRow convert them.
+inline void WidenF16(const uint8_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, sizeof(h));
+    dst[i] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+  }
+}
+inline void WidenBF16(const uint8_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
+    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+  }
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, sizeof(h));
+    const uint32_t bits = uint32_t{h} << 16;
+    std::memcpy(dst + i, &bits, sizeof(bits));
+  }
+}
 
 // exp(x), lane-wise, within 2 ulp of the exact value for normal results; 0 for x < -103,
 // inf for x > 88.8, NaN for NaN. exp(x) = 2^n * e^r with n = round(x / ln 2) and

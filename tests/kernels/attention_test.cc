@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -13,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/dtype.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace ridgeserve {
@@ -41,9 +43,15 @@ struct Row {
 // Dense per-sequence Q, K, V, and the same K, V written through StoreKv into a paged cache
 // whose blocks are handed out in a shuffled order. Slots no sequence owns, and the tail of
 // each sequence's last block, hold NaN: reading one would poison the result.
+//
+// The cache holds `cache_dtype` (F32, F16 or BF16). With `round_to` F16 or BF16 the dense K
+// and V are first rounded to that type by the test's own reference rounding (the reference
+// attention then sees exactly what such a cache holds).
 class PagedProblem {
  public:
-  PagedProblem(Backend& backend, const Problem& p, uint32_t seed) : p_(p) {
+  PagedProblem(Backend& backend, const Problem& p, uint32_t seed, DType cache_dtype = DType::kF32,
+               DType round_to = DType::kF32)
+      : p_(p) {
     const int32_t kv_width = p.num_kv_heads * p.head_dim;
     std::mt19937 rng(seed);
     int32_t total_blocks = 0;
@@ -58,11 +66,27 @@ class PagedProblem {
     std::iota(block_ids.begin(), block_ids.end(), 0);
     std::shuffle(block_ids.begin(), block_ids.end(), rng);
     block_tables_.assign(p.seq_lens.size() * max_blocks_, -1);
-    const size_t cache_floats = size_t(num_blocks) * p.block_size * kv_width;
-    k_cache_.assign(cache_floats, std::numeric_limits<float>::quiet_NaN());
-    v_cache_.assign(cache_floats, std::numeric_limits<float>::quiet_NaN());
-    view_ = {k_cache_.data(), v_cache_.data(), num_blocks,
+    const size_t cache_elements = size_t(num_blocks) * p.block_size * kv_width;
+    const size_t element_bytes = ElementBytes(cache_dtype);
+    std::vector<uint8_t> nan(element_bytes);
+    const float nan_f32 = std::numeric_limits<float>::quiet_NaN();
+    ConvertFromFloat(&nan_f32, 1, cache_dtype, nan.data());
+    for (std::vector<uint8_t>* cache : {&k_cache_, &v_cache_}) {
+      cache->resize(cache_elements * element_bytes);
+      for (size_t e = 0; e < cache_elements; ++e) {
+        std::copy(nan.begin(), nan.end(), cache->begin() + e * element_bytes);
+      }
+    }
+    view_ = {k_cache_.data(), v_cache_.data(), cache_dtype, num_blocks,
              p.block_size,    p.num_kv_heads,  p.head_dim};
+    auto round = [round_to](std::vector<float> values) {
+      if (round_to == DType::kF16) {
+        for (float& x : values) x = ::ridgeserve::testing::RoundToHalfReference(x);
+      } else if (round_to == DType::kBF16) {
+        for (float& x : values) x = ::ridgeserve::testing::RoundToBFloat16Reference(x);
+      }
+      return values;
+    };
 
     int32_t next_block = 0;
     for (size_t s = 0; s < p.seq_lens.size(); ++s) {
@@ -72,8 +96,8 @@ class PagedProblem {
       }
       q_.push_back(RandomFloats(size_t(len) * p.num_heads * p.head_dim, seed * 7 + 3 * s + 1,
                                 -p.q_range, p.q_range));
-      k_.push_back(RandomFloats(size_t(len) * kv_width, seed * 7 + 3 * s + 2));
-      v_.push_back(RandomFloats(size_t(len) * kv_width, seed * 7 + 3 * s + 3));
+      k_.push_back(round(RandomFloats(size_t(len) * kv_width, seed * 7 + 3 * s + 2)));
+      v_.push_back(round(RandomFloats(size_t(len) * kv_width, seed * 7 + 3 * s + 3)));
       std::vector<int32_t> slots(len);
       for (int32_t pos = 0; pos < len; ++pos) {
         slots[pos] =
@@ -153,7 +177,7 @@ class PagedProblem {
   Problem p_;
   int32_t max_blocks_;
   std::vector<int32_t> block_tables_;
-  std::vector<float> k_cache_, v_cache_;
+  std::vector<uint8_t> k_cache_, v_cache_;
   KvLayerView view_;
   std::vector<std::vector<float>> q_, k_, v_;
 };
@@ -296,6 +320,26 @@ TEST(CpuAttentionTest, ResultDoesNotDependOnPaging) {
     }
     EXPECT_EQ(FirstBitDifference(out.data(), reference.data(), out.size()), -1)
         << "block size " << block_size;
+  }
+}
+
+// An F16 or BF16 cache: StoreKv rounds to nearest even and Attention widens exactly, so the
+// result is bitwise that of an F32 cache holding K and V rounded by the test's own reference
+// (whose attention the dense reference also checks), for prefill and decode rows alike.
+TEST(CpuAttentionTest, HalfCachesEqualF32CacheOfRoundedValues) {
+  auto backend = CreateCpuBackend(2);
+  for (DType dtype : {DType::kF16, DType::kBF16}) {
+    for (const Problem& p : {Problem{9, 3, 64, 16, {300, 1}}, Problem{4, 1, 40, 5, {150}}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (dtype == DType::kF16 ? "f16" : "bf16") << " head_dim " << p.head_dim);
+      PagedProblem half(*backend, p, 21, dtype);
+      PagedProblem rounded(*backend, p, 21, DType::kF32, dtype);
+      const std::vector<Row> rows = half.AllRows(22);
+      const std::vector<float> out = half.Run(*backend, rows);
+      const std::vector<float> want = rounded.Run(*backend, rows);
+      EXPECT_EQ(FirstBitDifference(out.data(), want.data(), out.size()), -1);
+      EXPECT_LE(MaxError(rounded, rows, want), p.tolerance);
+    }
   }
 }
 

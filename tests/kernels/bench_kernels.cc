@@ -15,12 +15,14 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "benchmark/benchmark.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/dtype.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace ridgeserve {
@@ -162,18 +164,22 @@ void LinearArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime();
 
-// One layer's K/V for `num_seqs` sequences of `context` tokens in a cache of 16-token blocks
-// handed out in shuffled order, and query rows for the last `rows_per_seq` positions of each.
+// One layer's K/V (as `dtype`) for `num_seqs` sequences of `context` tokens in a cache of
+// 16-token blocks handed out in shuffled order, and query rows for the last `rows_per_seq`
+// positions of each.
 struct AttentionSetup {
   static constexpr int32_t kHeads = 9, kKvHeads = 3, kHeadDim = 64, kBlock = 16;
 
-  AttentionSetup(int32_t num_seqs, int32_t context, int32_t rows_per_seq) {
+  AttentionSetup(int32_t num_seqs, int32_t context, int32_t rows_per_seq, DType dtype) {
     const int32_t kv_width = kKvHeads * kHeadDim;
     max_blocks = (context + kBlock - 1) / kBlock;
     const int32_t num_blocks = max_blocks * num_seqs;
-    k = RandomFloats(size_t(num_blocks) * kBlock * kv_width, 3);
-    v = RandomFloats(size_t(num_blocks) * kBlock * kv_width, 4);
-    view = {k.data(), v.data(), num_blocks, kBlock, kKvHeads, kHeadDim};
+    const size_t elements = size_t(num_blocks) * kBlock * kv_width;
+    for (auto [cache, seed] : {std::pair{&k, 3u}, std::pair{&v, 4u}}) {
+      cache->resize(elements * ElementBytes(dtype));
+      ConvertFromFloat(RandomFloats(elements, seed).data(), elements, dtype, cache->data());
+    }
+    view = {k.data(), v.data(), dtype, num_blocks, kBlock, kKvHeads, kHeadDim};
     tables.resize(num_blocks);
     std::iota(tables.begin(), tables.end(), 0);
     std::shuffle(tables.begin(), tables.end(), std::mt19937(5));
@@ -193,7 +199,8 @@ struct AttentionSetup {
     backend.Attention(q.data(), kHeads * kHeadDim, kHeads, view, rows, 0.125f, out.data());
   }
 
-  std::vector<float> k, v, q, out;
+  std::vector<uint8_t> k, v;
+  std::vector<float> q, out;
   std::vector<int32_t> tables, positions, seqs;
   int32_t max_blocks;
   KvLayerView view;
@@ -201,36 +208,36 @@ struct AttentionSetup {
   double flops = 0.0;
 };
 
-// Prefill of state.range(0) rows over a context of the same length: the O(n^2) part.
+// Prefill of state.range(0) rows over a context of the same length: the O(n^2) part, with the
+// cache's DType id state.range(2) (0 F32, 1 F16, 30 BF16).
 void BM_AttentionPrefill(benchmark::State& state) {
   auto backend = CreateCpuBackend(static_cast<int>(state.range(1)));
   const int32_t n = static_cast<int32_t>(state.range(0));
-  AttentionSetup setup(1, n, n);
+  AttentionSetup setup(1, n, n, static_cast<DType>(state.range(2)));
   for (auto _ : state) setup.Run(*backend);
   state.counters["FLOPS"] =
       benchmark::Counter(setup.flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_AttentionPrefill)
-    ->ArgNames({"rows", "threads"})
-    ->Args({2048, 2})
-    ->Args({2048, 1})
-    ->Args({512, 2})
+    ->ArgNames({"rows", "threads", "kv"})
+    ->ArgsProduct({{2048}, {2, 1}, {0, 1, 30}})
+    ->Args({512, 2, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 
-// Decode: one row for each of state.range(0) sequences at context state.range(1).
+// Decode: one row for each of state.range(0) sequences at context state.range(1), cache DType
+// id state.range(2).
 void BM_AttentionDecode(benchmark::State& state) {
   auto backend = CreateCpuBackend(kThreads);
   AttentionSetup setup(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)),
-                       1);
+                       1, static_cast<DType>(state.range(2)));
   for (auto _ : state) setup.Run(*backend);
   state.counters["FLOPS"] =
       benchmark::Counter(setup.flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_AttentionDecode)
-    ->ArgNames({"seqs", "context"})
-    ->Args({1, 2048})
-    ->Args({16, 2048})
+    ->ArgNames({"seqs", "context", "kv"})
+    ->ArgsProduct({{1, 16}, {2048}, {0, 1, 30}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
@@ -268,13 +275,14 @@ void BM_SwiGlu(benchmark::State& state) {
 BENCHMARK(BM_SwiGlu)->UseRealTime();
 
 // One decoder layer of a 512-row prefill chunk at positions [context - 512, context), in the
-// order the engine runs it, with Q4_1 projections as in the default model.
+// order the engine runs it, with Q4_1 projections as in the default model and a KV cache of
+// DType id state.range(1).
 void BM_PrefillLayer(benchmark::State& state) {
   constexpr int32_t n = 512, dim = 576, ff = 1536, heads = 9, kv_heads = 3, hd = 64;
   constexpr int32_t qkv = (heads + 2 * kv_heads) * hd;
   const int32_t context = static_cast<int32_t>(state.range(0));
   auto backend = *CreateCpuBackendFromEnvironment(kThreads);
-  AttentionSetup setup(1, context, n);
+  AttentionSetup setup(1, context, n, static_cast<DType>(state.range(1)));
   const Weight w_qkv = RandomWeight(*backend, DType::kQ4_1, qkv, dim, 11);
   const Weight w_o = RandomWeight(*backend, DType::kQ4_1, dim, dim, 12);
   const Weight w_gu = RandomWeight(*backend, DType::kQ4_1, 2 * ff, dim, 13);
@@ -315,10 +323,8 @@ void BM_PrefillLayer(benchmark::State& state) {
       benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_PrefillLayer)
-    ->ArgNames({"context"})
-    ->Arg(512)
-    ->Arg(2048)
-    ->Arg(8192)
+    ->ArgNames({"context", "kv"})
+    ->ArgsProduct({{512, 2048, 8192}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

@@ -2,6 +2,7 @@
 #ifndef RIDGESERVE_TESTS_KERNELS_KERNEL_TEST_UTIL_H_
 #define RIDGESERVE_TESTS_KERNELS_KERNEL_TEST_UTIL_H_
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -29,6 +30,31 @@ inline int64_t FirstBitDifference(const float* a, const float* b, size_t n) {
     if (std::memcmp(a + i, b + i, sizeof(float)) != 0) return static_cast<int64_t>(i);
   }
   return -1;
+}
+
+// x rounded to the nearest f16 (GCC's _Float16 conversion, libgcc's IEEE rounding) and to
+// the nearest bfloat16, ties to even, written from the definition: of the two bfloat16 values
+// around x (x's bits truncated, and the next one up in magnitude) the nearer, on a tie the one
+// with an even last bit. Independent of the code under test (kernels/dtype.cc).
+inline float RoundToHalfReference(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+inline float RoundToBFloat16Reference(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return x;  // NaN
+  auto as_float = [](uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof(f));
+    return f;
+  };
+  const uint32_t down = bits & 0xFFFF0000u, up = down + 0x10000u;
+  const double d_down = std::abs(double{x} - as_float(down));
+  // `up` may be infinity; the distance to it counts as to 2^128 (where rounding goes).
+  const double up_value =
+      (up & 0x7FFFFFFFu) == 0x7F800000u ? std::copysign(0x1p128, double{x}) : double{as_float(up)};
+  const double d_up = std::abs(double{x} - up_value);
+  if (d_down < d_up) return as_float(down);
+  if (d_up < d_down) return as_float(up);
+  return as_float(((down >> 16) & 1u) == 0 ? down : up);
 }
 
 }  // namespace ridgeserve::testing

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/simd.h"
+#include "kernels/dtype.h"
 #include "tests/kernels/kernel_test_util.h"
 
 namespace ridgeserve {
@@ -32,6 +34,7 @@ double UlpError(float got, double exact) {
 class CountingBackend final : public Backend {
  public:
   std::string_view name() const override { return "counting"; }
+  DType DefaultKvCacheDType() const override { return DType::kF32; }
   absl::StatusOr<DeviceBuffer> Alloc(size_t bytes) override {
     return DeviceBuffer(this, new char[bytes], bytes);
   }
@@ -288,36 +291,104 @@ TEST(CpuOpsTest, AddIsElementwise) {
   }
 }
 
+// StoreKv writes exactly the given slots, each value converted to the cache's dtype as the
+// reference rounding gives it; the other slots keep their bytes.
 TEST(CpuOpsTest, StoreKvWritesSlotsOnly) {
   auto backend = CreateCpuBackend(2);
-  KvLayerView cache;
-  cache.num_blocks = 6;
-  cache.block_size = 4;
-  cache.num_kv_heads = 3;
-  cache.head_dim = 8;
-  const int32_t width = cache.num_kv_heads * cache.head_dim;
-  const size_t cache_floats = size_t(cache.num_blocks) * cache.block_size * width;
-  std::vector<float> k_cache(cache_floats, -7.0f), v_cache(cache_floats, -9.0f);
-  cache.k = k_cache.data();
-  cache.v = v_cache.data();
-  const std::vector<int32_t> slots = {5, 0, 23, 11, 12};
-  const int32_t n = static_cast<int32_t>(slots.size()), ld = 2 * width + 3;  // fused-QKV style
-  const std::vector<float> kv = RandomFloats(size_t(n) * ld, 11);
-  backend->StoreKv(cache, kv.data(), kv.data() + width, ld, n, slots.data());
-  std::vector<bool> written(cache_floats / width, false);
-  for (int32_t i = 0; i < n; ++i) {
-    written[slots[i]] = true;
-    for (int32_t c = 0; c < width; ++c) {
-      ASSERT_EQ(k_cache[slots[i] * width + c], kv[i * ld + c]);
-      ASSERT_EQ(v_cache[slots[i] * width + c], kv[i * ld + width + c]);
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(dtype));
+    KvLayerView cache;
+    cache.dtype = dtype;
+    cache.num_blocks = 6;
+    cache.block_size = 4;
+    cache.num_kv_heads = 3;
+    cache.head_dim = 8;
+    const int32_t width = cache.num_kv_heads * cache.head_dim;
+    const size_t slot_bytes = ElementBytes(dtype) * width;
+    const size_t num_slots = size_t(cache.num_blocks) * cache.block_size;
+    std::vector<uint8_t> k_cache(num_slots * slot_bytes, 0xA5),
+        v_cache(num_slots * slot_bytes, 0x5A);
+    cache.k = k_cache.data();
+    cache.v = v_cache.data();
+    const std::vector<int32_t> slots = {5, 0, 23, 11, 12};
+    const int32_t n = static_cast<int32_t>(slots.size()), ld = 2 * width + 3;  // fused-QKV style
+    const std::vector<float> kv = RandomFloats(size_t(n) * ld, 11, -300.0f, 300.0f);
+    backend->StoreKv(cache, kv.data(), kv.data() + width, ld, n, slots.data());
+    auto stored = [&](const std::vector<uint8_t>& c, size_t slot, int32_t e) {
+      float out;
+      EXPECT_TRUE(
+          DequantizeRow(dtype, c.data() + slot * slot_bytes + ElementBytes(dtype) * e, 1, &out)
+              .ok());
+      return out;
+    };
+    auto reference = [&](float x) {
+      if (dtype == DType::kF16) return ::ridgeserve::testing::RoundToHalfReference(x);
+      if (dtype == DType::kBF16) return ::ridgeserve::testing::RoundToBFloat16Reference(x);
+      return x;
+    };
+    std::vector<bool> written(num_slots, false);
+    for (int32_t i = 0; i < n; ++i) {
+      written[slots[i]] = true;
+      for (int32_t c = 0; c < width; ++c) {
+        ASSERT_EQ(stored(k_cache, slots[i], c), reference(kv[i * ld + c]));
+        ASSERT_EQ(stored(v_cache, slots[i], c), reference(kv[i * ld + width + c]));
+      }
+    }
+    for (size_t slot = 0; slot < num_slots; ++slot) {
+      if (written[slot]) continue;
+      for (size_t b = 0; b < slot_bytes; ++b) {
+        ASSERT_EQ(k_cache[slot * slot_bytes + b], 0xA5);
+        ASSERT_EQ(v_cache[slot * slot_bytes + b], 0x5A);
+      }
     }
   }
-  for (size_t s = 0; s < written.size(); ++s) {
-    if (written[s]) continue;
-    for (int32_t c = 0; c < width; ++c) {
-      ASSERT_EQ(k_cache[s * width + c], -7.0f);
-      ASSERT_EQ(v_cache[s * width + c], -9.0f);
+}
+
+// FloatToHalf / FloatToBFloat16 (the KV cache's rounding) against the test's reference
+// rounding on every f32 exponent, the rounding boundaries, ties, subnormals, overflow and NaN.
+TEST(DTypeTest, FloatToHalfAndBFloat16RoundToNearestEven) {
+  std::vector<float> xs;
+  std::mt19937 rng(17);
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t bits = static_cast<uint32_t>(rng());
+    float x;
+    std::memcpy(&x, &bits, sizeof(x));
+    xs.push_back(x);
+  }
+  // Values near every f16 and bf16 value: the value, the midpoints and one f32 ulp around.
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const float f16 = HalfToFloat(static_cast<uint16_t>(h));
+    const uint32_t b16 = h << 16;
+    float bf;
+    std::memcpy(&bf, &b16, sizeof(bf));
+    for (float v : {f16, bf}) {
+      if (!std::isfinite(v)) continue;
+      xs.push_back(v);
+      xs.push_back(std::nextafter(v, INFINITY));
+      xs.push_back(std::nextafter(v, -INFINITY));
     }
+    const float next16 = HalfToFloat(static_cast<uint16_t>(h + 1));
+    if ((h & 0x7FFFu) < 0x7BFFu && std::isfinite(next16)) {
+      const float mid = static_cast<float>((double{f16} + next16) / 2);  // exact in f32
+      xs.insert(xs.end(), {mid, std::nextafter(mid, INFINITY), std::nextafter(mid, -INFINITY)});
+    }
+  }
+  xs.insert(xs.end(), {65504.0f, 65519.996f, 65520.0f, 1e30f, -1e30f, INFINITY, -INFINITY, 0x1p-25f,
+                       0x1.8p-25f, 0x1p-26f, 3.0e38f, 3.4028235e38f, -0.0f});
+  for (float x : xs) {
+    const float half = HalfToFloat(FloatToHalf(x));
+    const float want_half = ::ridgeserve::testing::RoundToHalfReference(x);
+    uint32_t bf_bits = uint32_t{FloatToBFloat16(x)} << 16;
+    float bf;
+    std::memcpy(&bf, &bf_bits, sizeof(bf));
+    const float want_bf = ::ridgeserve::testing::RoundToBFloat16Reference(x);
+    if (std::isnan(x)) {
+      ASSERT_TRUE(std::isnan(half) && std::isnan(bf));
+      continue;
+    }
+    ASSERT_EQ(std::memcmp(&half, &want_half, 4), 0)
+        << x << " -> f16 " << half << " want " << want_half;
+    ASSERT_EQ(std::memcmp(&bf, &want_bf, 4), 0) << x << " -> bf16 " << bf << " want " << want_bf;
   }
 }
 

@@ -44,6 +44,9 @@ CROSS_TOL = 5e-5
 # float32 divisors above.
 FIXTURE_TOL = 1e-5
 CHUNK = 7
+# An f32 KV cache: these bounds hold the kernels' float32 math to the reference; the default f16
+# cache rounds K/V (reference_logits_test.py checks it on the default model).
+KV = "f32"
 ONE_PREFILL = 1 << 20  # --chunk larger than any input: the whole sequence in one pass
 # Plain text only: whether --text parses special-token strings is a tokenizer option, not
 # what this test is about.
@@ -99,7 +102,8 @@ def check_model(m, tmp: str, c: Checker):
     out = {}
     for label, path in copies.items():
         try:
-            out[label] = eval_cli.run_logits(path, token_ids=ids, chunk=ONE_PREFILL).logits
+            out[label] = eval_cli.run_logits(path, token_ids=ids, chunk=ONE_PREFILL,
+                                             kv_cache_dtype=KV).logits
         except eval_cli.EvalError as e:
             c.expect(False, f"{spec.name} {label}: {e}")
             continue
@@ -112,7 +116,8 @@ def check_model(m, tmp: str, c: Checker):
         if label not in out:
             continue
         try:
-            chunked = eval_cli.run_logits(copies[label], token_ids=ids, chunk=CHUNK).logits
+            chunked = eval_cli.run_logits(copies[label], token_ids=ids, chunk=CHUNK,
+                                          kv_cache_dtype=KV).logits
             c.identical(f"{label} --chunk {CHUNK} vs one prefill", chunked, out[label])
         except eval_cli.EvalError as e:
             c.expect(False, f"{spec.name} {label} --chunk: {e}")
@@ -125,7 +130,8 @@ def check_model(m, tmp: str, c: Checker):
     ref_text = ref_hf_model.forward(want_ids)
     for label in ("hf", "gguf"):
         try:
-            got = eval_cli.run_logits(copies[label], text_file=text_file, chunk=ONE_PREFILL)
+            got = eval_cli.run_logits(copies[label], text_file=text_file, chunk=ONE_PREFILL,
+                                      kv_cache_dtype=KV)
         except eval_cli.EvalError as e:
             c.expect(False, f"{spec.name} {label} --text: {e}")
             continue

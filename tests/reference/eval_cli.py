@@ -57,10 +57,12 @@ def run_logits(
     chunk: Optional[int] = None,
     timeout_s: float = 600.0,
     activations: Optional[str] = None,
+    kv_cache_dtype: Optional[str] = None,
 ) -> EvalLogits:
     """ridgeserve-eval logits on token ids or a text file; checks the output's shape.
     `activations` is the CPU Linear arithmetic (--cpu_activations: "f32", the default, or
-    "int8")."""
+    "int8"); `kv_cache_dtype` is --kv_cache_dtype (the binary's default, f16 on the CPU, when
+    None)."""
     import time
 
     if (token_ids is None) == (text_file is None):
@@ -76,6 +78,8 @@ def run_logits(
             cmd += ["--chunk", str(chunk)]
         if activations is not None:
             cmd += ["--cpu_activations", activations]
+        if kv_cache_dtype is not None:
+            cmd += ["--kv_cache_dtype", kv_cache_dtype]
         start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         seconds = time.monotonic() - start

@@ -87,6 +87,20 @@ class Layer:
     k_norm: Optional[np.ndarray] = None  # [head_dim] (qwen3)
 
 
+def round_to_kv_dtype(x: np.ndarray, kv_dtype: str) -> np.ndarray:
+    """x rounded to f16 (NumPy's IEEE conversion) or bf16 (float32 bits rounded to the nearest
+    multiple of 2^16, ties to even), back in x's dtype; unchanged for "f32"."""
+    if kv_dtype == "f32":
+        return x
+    if kv_dtype == "f16":
+        return x.astype(np.float16).astype(x.dtype)
+    if kv_dtype == "bf16":
+        bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+        rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+        return rounded.view(np.float32).astype(x.dtype)
+    raise ValueError(f"kv_dtype {kv_dtype!r}: want f32, f16 or bf16")
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
     ms = np.mean(x * x, axis=-1, keepdims=True)
@@ -165,11 +179,14 @@ class Model:
         head = tok if self.tied_embeddings else cast(self.lm_head)
         return Model(self.cfg, tok, layers, cast(self.out_norm), head, self.metadata)
 
-    def forward(self, token_ids: Sequence[int], return_hidden: bool = False):
+    def forward(self, token_ids: Sequence[int], return_hidden: bool = False,
+                kv_dtype: str = "f32"):
         """Logits [num_tokens, vocab_size] for a sequence starting at position 0.
 
         With return_hidden=True also returns the residual stream leaving every layer,
-        [num_layers, num_tokens, hidden].
+        [num_layers, num_tokens, hidden]. kv_dtype "f16" or "bf16" rounds K (after RoPE) and V
+        to that type before attention, as a KV cache of that type holds them (round to nearest
+        even; "f32" leaves them alone).
         """
         cfg = self.cfg
         ids = np.asarray(token_ids, dtype=np.int64)
@@ -209,7 +226,8 @@ class Model:
             if layer.k_norm is not None:
                 k = rms_norm(k, layer.k_norm, cfg.rms_eps)
             q = apply_rope(q, cos, sin, cfg.rope_mode)
-            k = apply_rope(k, cos, sin, cfg.rope_mode)
+            k = round_to_kv_dtype(apply_rope(k, cos, sin, cfg.rope_mode), kv_dtype)
+            v = round_to_kv_dtype(v, kv_dtype)
             # GQA: query head hq reads kv head hq // group.
             qh = q.transpose(1, 0, 2)  # [nh, n, hd]
             kh = np.repeat(k.transpose(1, 0, 2), group, axis=0)  # [nh, n, hd]

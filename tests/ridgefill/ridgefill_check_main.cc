@@ -44,6 +44,9 @@ ABSL_FLAG(int32_t, chunk, 512, "prefill chunk");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads");
 ABSL_FLAG(std::string, cpu_activations, "f32",
           "CPU Linear arithmetic: f32 (the default: float math on the exact weights) or int8");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element type: f32, bf16, f16 (rounded to nearest even when stored, widened "
+          "exactly when read) or auto (the backend's default: f16 on the CPU)");
 ABSL_FLAG(bool, dump_kv, false, "add tokens and layer s + 2's filled K/V rows to the JSON");
 
 namespace ridgeserve {
@@ -73,15 +76,13 @@ int32_t Argmax(const std::vector<float>& v) {
 // K and V rows of layer l for positions [begin, end) of the runner's sequence, host copies.
 std::vector<float> ReadKv(Backend& backend, const SequenceRunner& runner, int32_t l, int32_t begin,
                           int32_t end) {
-  const KvLayerView view = runner.cache().layer(l);
-  const int32_t width = view.num_kv_heads * view.head_dim;
+  const KvCacheShape& shape = runner.cache().shape();
+  const int32_t width = shape.num_kv_heads * shape.head_dim;
   std::vector<float> out(static_cast<size_t>(end - begin) * 2 * width);
   for (int32_t p = begin; p < end; ++p) {
-    const int32_t slot = runner.block_table().Slot(p, view.block_size);
+    const int32_t slot = runner.block_table().Slot(p, shape.block_size);
     float* row = &out[static_cast<size_t>(p - begin) * 2 * width];
-    backend.CopyToHost(row, view.k + static_cast<size_t>(slot) * width, sizeof(float) * width);
-    backend.CopyToHost(row + width, view.v + static_cast<size_t>(slot) * width,
-                       sizeof(float) * width);
+    runner.cache().CopyToHost(backend, l, slot, 1, row, row + width);
   }
   return out;
 }
@@ -99,6 +100,9 @@ absl::StatusOr<Json> Run() {
                       CreateCpuBackendFromEnvironment(absl::GetFlag(FLAGS_threads), activations));
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
                       LoadModel(absl::GetFlag(FLAGS_model), *backend));
+  RS_ASSIGN_OR_RETURN(const DType kv_dtype,
+                      ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), *backend));
+  model->llama->SetKvCacheDType(kv_dtype);
   const ModelConfig& c = model->config;
   // The fingerprint check is ridgeserve-eval ttft's and the calibrator's --check's job; here
   // the shapes are checked by RidgeFillMaps::Load.
@@ -184,8 +188,9 @@ absl::StatusOr<Json> Run() {
   const int32_t bs = 16;
   RS_ASSIGN_OR_RETURN(
       PagedKvCache cache,
-      PagedKvCache::Create(*backend, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, bs,
-                                                  (len_a + len_b) / bs + 2}));
+      PagedKvCache::Create(*backend,
+                           KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, bs,
+                                        (len_a + len_b) / bs + 2, llama.kv_cache_dtype()}));
   BlockTable table_a, table_b;
   RS_RETURN_IF_ERROR(table_b.Reserve(cache.pool(), len_b, bs));
   RS_RETURN_IF_ERROR(table_a.Reserve(cache.pool(), len_a, bs));
