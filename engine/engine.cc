@@ -246,7 +246,7 @@ void Engine::Impl::Step() {
     if (!chunk.sample) continue;
     Live& l = live.at(chunk.request->id);
     const SampleResult result = l.sampler.Sample(
-        std::span<const float>(logits).subspan(logit_row * vocab, vocab), chunk.request->tokens);
+        std::span<float>(logits).subspan(logit_row * vocab, vocab), chunk.request->tokens);
     ++logit_row;
     sampled[i] = result.token;
     logprobs[i] = result.logprob;

@@ -92,27 +92,34 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
   }
 }
 
-SampleResult Sampler::Sample(std::span<const float> logits, std::span<const int32_t> context) {
+SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> context) {
   assert(!logits.empty());
-  std::span<const float> x = logits;
-  if (params_.repetition_penalty != 1.0f && !context.empty()) {
-    x = ApplyRepetitionPenalty(logits, context);
-  }
-  const int32_t token = params_.temperature == 0.0f ? Argmax(x) : Draw(x);
+  const bool penalize = params_.repetition_penalty != 1.0f && !context.empty();
+  if (penalize) ApplyRepetitionPenalty(logits, context);
+  const int32_t token = params_.temperature == 0.0f ? Argmax(logits) : Draw(logits);
+  if (penalize) RestorePenalized(logits);
   return {.token = token, .logprob = params_.logprobs ? LogSoftmaxAt(logits, token) : 0.0f};
 }
 
-std::span<const float> Sampler::ApplyRepetitionPenalty(std::span<const float> logits,
-                                                       std::span<const int32_t> context) {
-  penalized_.assign(logits.begin(), logits.end());
+void Sampler::ApplyRepetitionPenalty(std::span<float> logits, std::span<const int32_t> context) {
+  is_penalized_.resize(logits.size(), false);
   const float penalty = params_.repetition_penalty;
   for (int32_t id : context) {
-    if (id < 0 || static_cast<size_t>(id) >= logits.size()) continue;
-    // Computed from the original logit, so an id repeated in the context is penalized once.
+    if (id < 0 || static_cast<size_t>(id) >= logits.size() || is_penalized_[id]) continue;
+    // Each distinct id once, from its original logit.
+    is_penalized_[id] = true;
     const float v = logits[id];
-    penalized_[id] = v > 0.0f ? v / penalty : v * penalty;
+    penalized_.emplace_back(id, v);
+    logits[id] = v > 0.0f ? v / penalty : v * penalty;
   }
-  return penalized_;
+}
+
+void Sampler::RestorePenalized(std::span<float> logits) {
+  for (const auto& [id, original] : penalized_) {
+    logits[id] = original;
+    is_penalized_[id] = false;
+  }
+  penalized_.clear();
 }
 
 int32_t Sampler::Draw(std::span<const float> logits) {

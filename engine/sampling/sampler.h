@@ -48,8 +48,10 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
 
   // `logits` has vocab_size entries; `context` is prompt + generated ids so far (used by the
-  // repetition penalty). Deterministic given the seed and the sequence of calls.
-  SampleResult Sample(std::span<const float> logits, std::span<const int32_t> context);
+  // repetition penalty). Deterministic given the seed and the sequence of calls. The
+  // repetition penalty is applied to `logits` in place and undone before returning (the
+  // logits hold their original bits again), so a step costs O(context), not a vocabulary copy.
+  SampleResult Sample(std::span<float> logits, std::span<const int32_t> context);
 
   // True when `token` ends the request: in stop_token_ids, or in `eog_ids` unless ignore_eos.
   bool IsStop(int32_t token, std::span<const int32_t> eog_ids) const;
@@ -57,16 +59,17 @@ class Sampler {
  private:
   // Draws from the filtered, tempered distribution over `logits` (already penalized).
   int32_t Draw(std::span<const float> logits);
-  // `logits` with the repetition penalty applied to every id in `context`; points into
-  // penalized_.
-  std::span<const float> ApplyRepetitionPenalty(std::span<const float> logits,
-                                                std::span<const int32_t> context);
+  // Penalizes every distinct id of `context` in `logits`, remembering the originals in
+  // penalized_; RestorePenalized puts them back.
+  void ApplyRepetitionPenalty(std::span<float> logits, std::span<const int32_t> context);
+  void RestorePenalized(std::span<float> logits);
 
   SamplingParams params_;
   // The standard fixes mt19937_64's output sequence, so a seed replays the same tokens on
   // every platform; the uniform draw is derived from its bits by hand for the same reason.
   std::mt19937_64 rng_;
-  std::vector<float> penalized_;                       // (vocab) reused across steps
+  std::vector<std::pair<int32_t, float>> penalized_;   // (id, original logit) of this step
+  std::vector<bool> is_penalized_;                     // (vocab) false between steps
   std::vector<std::pair<float, int32_t>> candidates_;  // (vocab) (logit or weight, token id)
 };
 

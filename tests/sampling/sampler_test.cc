@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -18,6 +19,12 @@
 
 namespace ridgeserve {
 namespace {
+
+// Sample on a copy of `logits` (Sample penalizes in place and restores).
+SampleResult SampleCopy(Sampler& sampler, std::vector<float> logits,
+                        std::span<const int32_t> context) {
+  return sampler.Sample(logits, context);
+}
 
 using ::testing::HasSubstr;
 
@@ -105,8 +112,11 @@ void ExpectFrequenciesMatch(const std::vector<float>& logits, const std::vector<
   const std::vector<double> expected = ReferenceDistribution(logits, context, params);
   Sampler sampler(params);
   std::vector<int> counts(logits.size(), 0);
+  std::vector<float> x = logits;  // penalized in place by Sample, restored after
   for (int i = 0; i < draws; ++i) {
-    const int32_t token = sampler.Sample(logits, context).token;
+    const int32_t token = sampler.Sample(x, context).token;
+    ASSERT_EQ(std::memcmp(x.data(), logits.data(), sizeof(float) * x.size()), 0)
+        << "Sample left the logits changed";
     ASSERT_GE(token, 0);
     ASSERT_LT(token, static_cast<int32_t>(logits.size()));
     ++counts[token];
@@ -177,7 +187,7 @@ TEST(ValidateSamplingParamsTest, ErrorsNameTheField) {
 }
 
 TEST(SamplerTest, GreedyPicksArgmax) {
-  const std::vector<float> logits = RandomLogits(49152, 1, 3.0f);
+  std::vector<float> logits = RandomLogits(49152, 1, 3.0f);
   const int32_t argmax =
       static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   SamplingParams params = Seeded(1);
@@ -189,7 +199,7 @@ TEST(SamplerTest, GreedyPicksArgmax) {
 }
 
 TEST(SamplerTest, GreedyTieGoesToLowestId) {
-  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 3.0f, 1.0f, 3.0f, 3.0f};
+  std::vector<float> logits = {0.5f, 2.0f, -1.0f, 3.0f, 1.0f, 3.0f, 3.0f};
   SamplingParams params;
   params.temperature = 0.0f;
   EXPECT_EQ(Sampler(params).Sample(logits, {}).token, 3);
@@ -208,12 +218,12 @@ TEST(SamplerTest, TopKOneIsGreedyAtAnyTemperature) {
 }
 
 TEST(SamplerTest, PlainSamplingMatchesSoftmax) {
-  const std::vector<float> logits = LogitsOf({0.4, 0.3, 0.15, 0.1, 0.05});
+  std::vector<float> logits = LogitsOf({0.4, 0.3, 0.15, 0.1, 0.05});
   ExpectFrequenciesMatch(logits, {}, Seeded(10));
 }
 
 TEST(SamplerTest, TemperatureSharpensAndFlattens) {
-  const std::vector<float> logits = LogitsOf({0.4, 0.3, 0.15, 0.1, 0.05});
+  std::vector<float> logits = LogitsOf({0.4, 0.3, 0.15, 0.1, 0.05});
   for (float temperature : {0.5f, 2.0f}) {
     SCOPED_TRACE(temperature);
     SamplingParams params = Seeded(11);
@@ -224,7 +234,7 @@ TEST(SamplerTest, TemperatureSharpensAndFlattens) {
 
 TEST(SamplerTest, TopKKeepsKMostLikely) {
   // Out of id order so that the kept set is not a prefix of ids.
-  const std::vector<float> logits = LogitsOf({0.05, 0.3, 0.1, 0.4, 0.15});
+  std::vector<float> logits = LogitsOf({0.05, 0.3, 0.1, 0.4, 0.15});
   SamplingParams params = Seeded(12);
   params.top_k = 3;
   ExpectFrequenciesMatch(logits, {}, params);  // Tokens 3, 1, 4 renormalized over 0.85.
@@ -232,7 +242,7 @@ TEST(SamplerTest, TopKKeepsKMostLikely) {
 
 TEST(SamplerTest, TopPKeepsNucleus) {
   // Sorted cumulative: 0.4, 0.7, 0.85 >= 0.8: the nucleus is tokens 0, 3, 2.
-  const std::vector<float> logits = LogitsOf({0.4, 0.05, 0.15, 0.3, 0.1});
+  std::vector<float> logits = LogitsOf({0.4, 0.05, 0.15, 0.3, 0.1});
   SamplingParams params = Seeded(13);
   params.top_p = 0.8f;
   const std::vector<double> expected = ReferenceDistribution(logits, {}, params);
@@ -244,7 +254,7 @@ TEST(SamplerTest, TopPKeepsNucleus) {
 TEST(SamplerTest, TopPNucleusOfHundredsOfTokens) {
   // A flat distribution: the nucleus is hundreds of tokens, past the sampler's first
   // partial selection. Tokens just outside it must never be drawn.
-  const std::vector<float> logits = RandomLogits(3000, 21, 1.0f);
+  std::vector<float> logits = RandomLogits(3000, 21, 1.0f);
   SamplingParams params = Seeded(21);
   params.top_p = 0.3f;
   const std::vector<double> expected = ReferenceDistribution(logits, {}, params);
@@ -255,7 +265,7 @@ TEST(SamplerTest, TopPNucleusOfHundredsOfTokens) {
 }
 
 TEST(SamplerTest, TinyTopPKeepsTheTopToken) {
-  const std::vector<float> logits = LogitsOf({0.2, 0.3, 0.25, 0.25});
+  std::vector<float> logits = LogitsOf({0.2, 0.3, 0.25, 0.25});
   SamplingParams params = Seeded(14);
   params.top_p = 0.01f;
   Sampler sampler(params);
@@ -264,15 +274,14 @@ TEST(SamplerTest, TinyTopPKeepsTheTopToken) {
 
 TEST(SamplerTest, MinPDropsUnlikelyTokens) {
   // min_p 0.2 of max 0.5 is 0.1: tokens 3 (0.03) and 4 (0.05) go.
-  const std::vector<float> logits = LogitsOf({0.12, 0.3, 0.5, 0.03, 0.05});
+  std::vector<float> logits = LogitsOf({0.12, 0.3, 0.5, 0.03, 0.05});
   SamplingParams params = Seeded(15);
   params.min_p = 0.2f;
   ExpectFrequenciesMatch(logits, {}, params);
 }
 
 TEST(SamplerTest, AllFiltersTogether) {
-  const std::vector<float> logits =
-      LogitsOf({0.02, 0.2, 0.05, 0.25, 0.03, 0.15, 0.1, 0.08, 0.07, 0.05});
+  std::vector<float> logits = LogitsOf({0.02, 0.2, 0.05, 0.25, 0.03, 0.15, 0.1, 0.08, 0.07, 0.05});
   SamplingParams params = Seeded(16);
   params.temperature = 0.8f;
   params.top_k = 6;
@@ -288,32 +297,28 @@ TEST(SamplerTest, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
   params.repetition_penalty = 2.0f;
   Sampler sampler(params);
   // Positive: 3.0 / 2 = 1.5 beats 1.4; applied twice it would be 0.75 and lose.
-  EXPECT_EQ(sampler.Sample(std::vector<float>{3.0f, 1.4f, -5.0f}, std::vector<int32_t>{0, 0}).token,
-            0);
-  EXPECT_EQ(sampler.Sample(std::vector<float>{3.0f, 1.6f, -5.0f}, std::vector<int32_t>{0}).token,
-            1);
+  EXPECT_EQ(SampleCopy(sampler, {3.0f, 1.4f, -5.0f}, std::vector<int32_t>{0, 0}).token, 0);
+  EXPECT_EQ(SampleCopy(sampler, {3.0f, 1.6f, -5.0f}, std::vector<int32_t>{0}).token, 1);
   // Negative: -1.0 * 2 = -2.0 falls below -1.9 (dividing would have raised it to -0.5).
-  EXPECT_EQ(sampler.Sample(std::vector<float>{-1.0f, -1.9f, -5.0f}, std::vector<int32_t>{0}).token,
-            1);
-  EXPECT_EQ(sampler.Sample(std::vector<float>{-1.0f, -2.1f, -5.0f}, std::vector<int32_t>{0}).token,
-            0);
+  EXPECT_EQ(SampleCopy(sampler, {-1.0f, -1.9f, -5.0f}, std::vector<int32_t>{0}).token, 1);
+  EXPECT_EQ(SampleCopy(sampler, {-1.0f, -2.1f, -5.0f}, std::vector<int32_t>{0}).token, 0);
 
   // A penalty below 1 favours repeats: -1.0 * 0.5 = -0.5 beats -0.6; 1.0 / 0.5 = 2.0 beats 1.9.
   params.repetition_penalty = 0.5f;
   Sampler boost(params);
-  EXPECT_EQ(boost.Sample(std::vector<float>{-0.6f, -1.0f}, std::vector<int32_t>{1}).token, 1);
-  EXPECT_EQ(boost.Sample(std::vector<float>{1.9f, 1.0f}, std::vector<int32_t>{1}).token, 1);
+  EXPECT_EQ(SampleCopy(boost, {-0.6f, -1.0f}, std::vector<int32_t>{1}).token, 1);
+  EXPECT_EQ(SampleCopy(boost, {1.9f, 1.0f}, std::vector<int32_t>{1}).token, 1);
 }
 
 TEST(SamplerTest, RepetitionPenaltyShapesTheDistribution) {
-  const std::vector<float> logits = {1.0f, 0.5f, -0.5f, 0.2f, -1.0f};
+  std::vector<float> logits = {1.0f, 0.5f, -0.5f, 0.2f, -1.0f};
   SamplingParams params = Seeded(17);
   params.repetition_penalty = 1.8f;
   ExpectFrequenciesMatch(logits, {0, 2, 2}, params);
 }
 
 TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDifferent) {
-  const std::vector<float> logits = RandomLogits(1000, 4, 1.0f);
+  std::vector<float> logits = RandomLogits(1000, 4, 1.0f);
   SamplingParams params = Seeded(42);
   params.top_p = 0.95f;
   auto sequence = [&](const SamplingParams& p) {
@@ -334,7 +339,7 @@ TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDifferent) {
 // whatever order nth_element left). mt19937_64's outputs are fixed by the C++ standard, so
 // this pins the sequence on every platform.
 TEST(SamplerTest, DrawIsInverseCdfOfMt19937_64) {
-  const std::vector<float> logits = RandomLogits(50, 5, 1.5f);
+  std::vector<float> logits = RandomLogits(50, 5, 1.5f);
   for (int32_t top_k : {0, 10}) {
     SCOPED_TRACE(top_k);
     SamplingParams params = Seeded(20240607);
@@ -361,7 +366,7 @@ TEST(SamplerTest, DrawIsInverseCdfOfMt19937_64) {
 }
 
 TEST(SamplerTest, LogprobIsLogSoftmaxOfOriginalLogits) {
-  const std::vector<float> logits = RandomLogits(49152, 6, 3.0f);
+  std::vector<float> logits = RandomLogits(49152, 6, 3.0f);
   double max = *std::max_element(logits.begin(), logits.end());
   double sum = 0.0;
   for (float v : logits) sum += std::exp(v - max);
@@ -392,7 +397,7 @@ TEST(SamplerTest, LogprobIsLogSoftmaxOfOriginalLogits) {
 }
 
 TEST(SamplerTest, LargeVocabTopKStaysInTopK) {
-  const std::vector<float> logits = RandomLogits(152000, 9, 2.0f);
+  std::vector<float> logits = RandomLogits(152000, 9, 2.0f);
   std::vector<float> sorted = logits;
   std::nth_element(sorted.begin(), sorted.begin() + 49, sorted.end(), std::greater<>());
   const float kth = sorted[49];
