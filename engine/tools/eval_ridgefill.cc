@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
 #include "engine/ridgefill/ridgefill_maps.h"
+#include "engine/ridgefill_plan.h"
 #include "engine/sampling/sampler.h"
 #include "engine/tools/sequence_runner.h"
 #include "engine/tools/tool_util.h"
@@ -23,8 +24,21 @@ namespace {
 
 using Json = nlohmann::json;
 
-// RidgeFillRun's default: rows at positions < 4 stay exact (attention sinks).
-constexpr int32_t kSinkTokens = RidgeFillRun{}.sink_tokens;
+// The server's default: rows at positions < 4 stay exact (attention sinks).
+constexpr int32_t kSinkTokens = RidgeFillPlanOptions{}.sink_tokens;
+
+// RidgeFill of `tokens` as one Append with the server's planner and its defaults (the sinks,
+// the last `exact_tail` rows and special tokens stay exact).
+absl::StatusOr<RidgeFillRun> PlanFill(const Model& model, std::span<const int32_t> tokens,
+                                      int32_t split, int32_t exact_tail) {
+  RidgeFillPlanOptions plan;
+  plan.exact_tail_tokens = exact_tail;
+  RidgeFillRun fill{split, {}};
+  RS_ASSIGN_OR_RETURN(fill.filled_rows, PlanRidgeFillRows(tokens, plan, [&](int32_t t) {
+                        return model.tokenizer->IsSpecial(t);
+                      }));
+  return fill;
+}
 
 // -log softmax(logits)[target], in double.
 double Nll(const float* logits, int32_t vocab, int32_t target) {
@@ -220,9 +234,8 @@ absl::StatusOr<Json> RunNeedle(Model& model, const NeedleOptions& o) {
         ++exact_total;
         Json sample = {{"number", number}, {"needle_position", pos}, {"exact", exact}};
         for (size_t s = 0; s < o.splits.size(); ++s) {
-          RidgeFillRun fill;
-          fill.split_layer = o.splits[s];
-          fill.filled_tokens = filled;
+          RS_ASSIGN_OR_RETURN(const RidgeFillRun fill,
+                              PlanFill(model, prompt, o.splits[s], o.exact_tail_tokens));
           RS_ASSIGN_OR_RETURN(std::string answer,
                               GreedyAnswer(model, prompt, &fill, o.new_tokens, o.chunk));
           exact_hits[s] += exact_hit;
@@ -282,9 +295,8 @@ absl::StatusOr<Json> RunDistantLoss(Model& model, const DistantLossOptions& o) {
       }
     }
     for (size_t s = 0; s < o.splits.size(); ++s) {
-      RidgeFillRun fill;
-      fill.split_layer = o.splits[s];
-      fill.filled_tokens = f;
+      RS_ASSIGN_OR_RETURN(const RidgeFillRun fill,
+                          PlanFill(model, std::span(window).first(f + 1), o.splits[s], 1));
       RS_ASSIGN_OR_RETURN(std::vector<double> rf, ScoreFrom(model, window, f, &fill, o.chunk));
       for (size_t i = 0; i < rf.size(); ++i) {
         fill_all[s].fill += rf[i];
@@ -357,9 +369,7 @@ absl::StatusOr<Json> RunTtft(Model& model, const TtftOptions& o) {
       return SecondsSince(start);
     };
     for (int32_t split : o.splits) {
-      RidgeFillRun fill;
-      fill.split_layer = split;
-      fill.filled_tokens = std::max(0, length - tail);
+      RS_ASSIGN_OR_RETURN(const RidgeFillRun fill, PlanFill(model, tokens, split, tail));
       double exact = std::numeric_limits<double>::infinity();
       double ridgefill = std::numeric_limits<double>::infinity();
       double estimated = 0;                          // from the fastest RidgeFill run
@@ -377,7 +387,7 @@ absl::StatusOr<Json> RunTtft(Model& model, const TtftOptions& o) {
       results.push_back({{"prompt_tokens", length},
                          {"split_layer", split},
                          {"exact_tail_tokens", tail},
-                         {"filled_tokens", fill.filled_tokens},
+                         {"filled_tokens", fill.filled()},
                          {"exact_seconds", exact},
                          {"ridgefill_seconds", ridgefill},
                          {"speedup", exact / ridgefill},
@@ -541,9 +551,8 @@ absl::StatusOr<Json> RunSplice(Model& model, const SpliceOptions& options) {
     for (size_t s = 0; s < o.splits.size(); ++s) {
       const int32_t split = o.splits[s];
       // B: RidgeFill prefix (row f, exact, only closes the Append and is overwritten below).
-      RidgeFillRun fill;
-      fill.split_layer = split;
-      fill.filled_tokens = f;
+      RS_ASSIGN_OR_RETURN(const RidgeFillRun fill,
+                          PlanFill(model, std::span(window).first(f + 1), split, 1));
       b.Reset();
       RS_RETURN_IF_ERROR(
           b.Append(std::span(window).subspan(0, f + 1), o.chunk, false, logits, &fill));

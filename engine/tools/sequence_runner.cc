@@ -22,13 +22,14 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
   if (!cache_.ok()) return cache_.status();
   const int32_t vocab = model_.config().vocab_size;
   const int32_t block_size = cache_->shape().block_size;
-  if (fill != nullptr && fill->filled_tokens > 0) {
+  if (fill != nullptr) {
     if (all_logits) return absl::InvalidArgumentError("RidgeFill append: all_logits unsupported");
-    if (fill->filled_tokens >= static_cast<int32_t>(tokens.size())) {
+    if (fill->filled_rows.size() != tokens.size()) {
+      return absl::InvalidArgumentError("RidgeFill append: one filled_rows entry per token");
+    }
+    if (fill->filled_rows.back() != 0) {
       return absl::InvalidArgumentError("RidgeFill append: the last token must be exact");
     }
-  } else {
-    fill = nullptr;
   }
   RS_RETURN_IF_ERROR(
       table_.Reserve(cache_->pool(), length_ + static_cast<int32_t>(tokens.size()), block_size));
@@ -44,10 +45,7 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
     if (fill != nullptr) {
       batch.fill_split.resize(count, -1);
       for (size_t i = 0; i < count; ++i) {
-        const int32_t index = static_cast<int32_t>(begin + i);
-        if (index < fill->filled_tokens && length_ + static_cast<int32_t>(i) >= fill->sink_tokens) {
-          batch.fill_split[i] = fill->split_layer;
-        }
+        if (fill->filled_rows[begin + i] != 0) batch.fill_split[i] = fill->split_layer;
       }
     }
     if (all_logits) batch.RequestAllLogits();

@@ -3,6 +3,7 @@
 #ifndef RIDGESERVE_ENGINE_TOOLS_SEQUENCE_RUNNER_H_
 #define RIDGESERVE_ENGINE_TOOLS_SEQUENCE_RUNNER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -16,10 +17,16 @@ namespace ridgeserve {
 // RidgeFill for one Append: the first `filled_tokens` appended tokens are filled rows with
 // split `split_layer` (the model needs maps for it), except positions < sink_tokens, which
 // stay exact (attention sinks; matches ridgeserve-calibrate's --sink_tokens default).
+// A RidgeFill Append: per appended token, 1 = filled at split_layer, 0 = exact — the rows
+// PlanRidgeFillRows picks for the server (engine/ridgefill_plan.h), so tools measure the
+// policy that is served.
 struct RidgeFillRun {
   int32_t split_layer = -1;
-  int32_t filled_tokens = 0;
-  int32_t sink_tokens = 4;
+  std::vector<uint8_t> filled_rows;
+
+  int32_t filled() const {
+    return static_cast<int32_t>(std::count(filled_rows.begin(), filled_rows.end(), uint8_t{1}));
+  }
 };
 
 class SequenceRunner {

@@ -132,15 +132,17 @@ absl::StatusOr<Json> Run() {
   const std::vector<float> kv1_exact = ReadKv(*backend, runner, split + 1, 4, fill_end);
   const std::vector<float> kv2_exact = ReadKv(*backend, runner, split + 2, 4, fill_end);
 
-  // (1) A fill_split vector with no filled rows: every row is a sink.
+  // (1) The fill path with no filled rows.
   runner.Reset();
-  const RidgeFillRun all_sinks{split, n - 1, n};
+  const RidgeFillRun all_sinks{split, std::vector<uint8_t>(n, 0)};
   RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, no_fill, &all_sinks));
   out["no_fill_bitwise"] = no_fill == exact;
 
   // (2) RidgeFill with the file's maps.
   runner.Reset();
-  const RidgeFillRun fill{split, fill_end, 4};
+  // Rows [4, fill_end) filled: the K/V read above and below.
+  RidgeFillRun fill{split, std::vector<uint8_t>(n, 0)};
+  std::fill(fill.filled_rows.begin() + 4, fill.filled_rows.begin() + fill_end, uint8_t{1});
   RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, filled, &fill));
   out["kl"] = KlDivergence(exact, filled);
   out["top1_exact"] = Argmax(exact);
