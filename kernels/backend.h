@@ -107,15 +107,17 @@ struct KvLayerView {
   int32_t head_dim = 0;
 };
 
-// Which cached tokens each row attends to: row r belongs to sequence seq[r] and sits at
+// Which cached tokens each row attends to: row r belongs to sequence s = seq[r] and sits at
 // absolute position positions[r]; it attends causally to positions 0..positions[r] of its
-// sequence, whose slots are given by block_tables[seq[r] * max_blocks_per_seq + p / block_size].
+// sequence, position p in block block_tables[block_table_offsets[s] + p / block_size]. The
+// tables are packed (no padding to the longest sequence), as FlashInfer's paged_kv_indptr /
+// paged_kv_indices are.
 struct AttentionRows {
   int32_t num_rows = 0;
-  const int32_t* positions = nullptr;     // [num_rows]
-  const int32_t* seq = nullptr;           // [num_rows]
-  const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
-  int32_t max_blocks_per_seq = 0;
+  const int32_t* positions = nullptr;            // [num_rows]
+  const int32_t* seq = nullptr;                  // [num_rows]
+  const int32_t* block_table_offsets = nullptr;  // [num_seqs + 1]
+  const int32_t* block_tables = nullptr;         // [block_table_offsets[num_seqs]]
 };
 
 class Backend {

@@ -15,22 +15,9 @@ namespace ridgeserve {
 int32_t ForwardBatch::AddSequence(std::span<const int32_t> table_blocks, int32_t block_size,
                                   std::span<const int32_t> new_tokens, int32_t start_pos,
                                   bool want_logits) {
-  const int32_t seq_index =
-      max_blocks_per_seq == 0 ? 0 : static_cast<int32_t>(block_tables.size()) / max_blocks_per_seq;
-  const int32_t blocks = static_cast<int32_t>(table_blocks.size());
-  if (blocks > max_blocks_per_seq) {
-    // Widen every existing row of the table.
-    std::vector<int32_t> wider(static_cast<size_t>(seq_index) * blocks, 0);
-    for (int32_t s = 0; s < seq_index; ++s) {
-      std::copy_n(block_tables.begin() + s * max_blocks_per_seq, max_blocks_per_seq,
-                  wider.begin() + s * blocks);
-    }
-    block_tables = std::move(wider);
-    max_blocks_per_seq = blocks;
-  }
-  block_tables.resize(static_cast<size_t>(seq_index + 1) * max_blocks_per_seq, 0);
-  std::copy(table_blocks.begin(), table_blocks.end(),
-            block_tables.begin() + seq_index * max_blocks_per_seq);
+  const int32_t seq_index = static_cast<int32_t>(block_table_offsets.size()) - 1;
+  block_tables.insert(block_tables.end(), table_blocks.begin(), table_blocks.end());
+  block_table_offsets.push_back(static_cast<int32_t>(block_tables.size()));
   for (size_t i = 0; i < new_tokens.size(); ++i) {
     const int32_t pos = start_pos + static_cast<int32_t>(i);
     tokens.push_back(new_tokens[i]);
@@ -50,7 +37,7 @@ void ForwardBatch::RequestAllLogits() {
 LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, Backend& backend)
     : config_(config), weights_(std::move(weights)), backend_(backend) {}
 
-absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int32_t table_entries) {
+absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int64_t meta_ints) {
   auto alloc = [&](DeviceBuffer& buffer, int64_t n, size_t element) -> absl::Status {
     RS_ASSIGN_OR_RETURN(buffer, backend_.Alloc(element * n));
     return absl::OkStatus();
@@ -68,15 +55,33 @@ absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int32_t table_entries) {
                              {&head_in_, r * config_.hidden}}) {
       RS_RETURN_IF_ERROR(alloc(*buffer, n, sizeof(float)));
     }
-    for (DeviceBuffer* buffer : {&tokens_, &perm_, &positions_, &seq_, &slots_, &logit_rows_}) {
-      RS_RETURN_IF_ERROR(alloc(*buffer, r, sizeof(int32_t)));
-    }
+    RS_RETURN_IF_ERROR(alloc(perm_, r, sizeof(int32_t)));
     capacity_rows_ = rows;
   }
-  if (table_entries > capacity_table_) {
-    RS_RETURN_IF_ERROR(alloc(tables_, table_entries, sizeof(int32_t)));
-    capacity_table_ = table_entries;
+  if (meta_ints > capacity_meta_) {
+    RS_RETURN_IF_ERROR(alloc(step_meta_, meta_ints, sizeof(int32_t)));
+    capacity_meta_ = meta_ints;
   }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::UploadStepMeta(const ForwardBatch& batch) {
+  const std::vector<int32_t>* parts[] = {
+      &batch.tokens,     &batch.positions,           &batch.seq,         &batch.slots,
+      &batch.logit_rows, &batch.block_table_offsets, &batch.block_tables};
+  int64_t total = 0;
+  for (const std::vector<int32_t>* part : parts) total += static_cast<int64_t>(part->size());
+  RS_RETURN_IF_ERROR(EnsureWorkspace(batch.num_rows(), total));
+  host_meta_.clear();
+  int32_t* base = step_meta_.as<int32_t>();
+  int32_t** pointers[] = {&meta_.tokens,      &meta_.positions,  &meta_.seq,
+                          &meta_.slots,       &meta_.logit_rows, &meta_.block_table_offsets,
+                          &meta_.block_tables};
+  for (size_t i = 0; i < std::size(parts); ++i) {
+    *pointers[i] = base + host_meta_.size();
+    host_meta_.insert(host_meta_.end(), parts[i]->begin(), parts[i]->end());
+  }
+  backend_.CopyToDevice(base, host_meta_.data(), sizeof(int32_t) * host_meta_.size());
   return absl::OkStatus();
 }
 
@@ -148,8 +153,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return key(a) > key(b); });
     std::vector<int32_t> new_index(n);
+    reordered.block_table_offsets = input.block_table_offsets;
     reordered.block_tables = input.block_tables;
-    reordered.max_blocks_per_seq = input.max_blocks_per_seq;
     for (int32_t i = 0; i < n; ++i) {
       const int32_t r = order[i];
       new_index[r] = i;
@@ -180,16 +185,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   }
   const ForwardBatch& batch = any_fill ? reordered : input;
 
-  RS_RETURN_IF_ERROR(EnsureWorkspace(n, static_cast<int32_t>(batch.block_tables.size())));
-  auto upload = [&](const std::vector<int32_t>& v, const DeviceBuffer& dst) {
-    backend_.CopyToDevice(dst.as<void>(), v.data(), sizeof(int32_t) * v.size());
-  };
-  upload(batch.tokens, tokens_);
-  upload(batch.positions, positions_);
-  upload(batch.seq, seq_);
-  upload(batch.slots, slots_);
-  upload(batch.block_tables, tables_);
-  upload(batch.logit_rows, logit_rows_);
+  RS_RETURN_IF_ERROR(UploadStepMeta(batch));
 
   const ModelConfig& c = config_;
   const int32_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
@@ -220,7 +216,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
         .count();
   };
 
-  backend_.Embed(weights_.token_embd, tokens_.as<int32_t>(), n, x);
+  backend_.Embed(weights_.token_embd, meta_.tokens, n, x);
   for (int32_t l = 0; l < c.num_layers; ++l) {
     if (timed && l <= lowest_split) full_seconds -= Now();
     if (capture != nullptr) capture_at(l);
@@ -247,8 +243,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
       if (timed) fill_seconds[&g - groups.data()] += Now();
     }
     if (na == 0) continue;
-    const AttentionRows rows{na, positions_.as<int32_t>(), seq_.as<int32_t>(),
-                             tables_.as<int32_t>(), batch.max_blocks_per_seq};
+    const AttentionRows rows{na, meta_.positions, meta_.seq, meta_.block_table_offsets,
+                             meta_.block_tables};
     // Attention block: x += o_proj(attention(rope(qkv(norm(x))))).
     backend_.RmsNorm(x, w.attn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
     backend_.Linear(xn, na, w.wqkv, w.bqkv.bytes() > 0 ? w.bqkv.as<float>() : nullptr, qkv);
@@ -261,9 +257,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
       backend_.RmsNormHeads(k, qkv_dim, na, c.num_kv_heads, c.head_dim, w.k_norm.as<float>(),
                             c.rms_eps);
     }
-    backend_.Rope(q, qkv_dim, na, c.num_heads, c.head_dim, positions_.as<int32_t>(), inv_freq);
-    backend_.Rope(k, qkv_dim, na, c.num_kv_heads, c.head_dim, positions_.as<int32_t>(), inv_freq);
-    backend_.StoreKv(kv, k, v, qkv_dim, na, slots_.as<int32_t>());
+    backend_.Rope(q, qkv_dim, na, c.num_heads, c.head_dim, meta_.positions, inv_freq);
+    backend_.Rope(k, qkv_dim, na, c.num_kv_heads, c.head_dim, meta_.positions, inv_freq);
+    backend_.StoreKv(kv, k, v, qkv_dim, na, meta_.slots);
     backend_.Attention(q, qkv_dim, c.num_heads, kv, rows, scale, attn_.as<float>());
     backend_.Linear(attn_.as<float>(), na, w.wo, nullptr, proj);
     backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
@@ -291,7 +287,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     RS_ASSIGN_OR_RETURN(logits_, backend_.Alloc(sizeof(float) * m * c.vocab_size));
     capacity_logit_rows_ = m;
   }
-  backend_.GatherRows(x, c.hidden, logit_rows_.as<int32_t>(), m, head_in_.as<float>());
+  backend_.GatherRows(x, c.hidden, meta_.logit_rows, m, head_in_.as<float>());
   backend_.RmsNorm(head_in_.as<float>(), weights_.output_norm.as<float>(), m, c.hidden, c.rms_eps,
                    head_in_.as<float>());
   backend_.Linear(head_in_.as<float>(), m, weights_.lm_head_or_embedding(), nullptr,
@@ -338,16 +334,14 @@ void LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int3
   backend_.CopyToDevice(perm_.as<void>(), perm.data(), sizeof(int32_t) * n);
   backend_.GatherRows(x_.as<float>(), hidden, perm_.as<int32_t>(), n, head_in_.as<float>());
   std::swap(x_, head_in_);
-  auto permute = [&](std::vector<int32_t>& v, const DeviceBuffer* device) {
+  auto permute = [&](std::vector<int32_t>& v, int32_t* device) {
     std::vector<int32_t> old = v;
     for (int32_t i = 0; i < n; ++i) v[i] = old[perm[i]];
-    if (device != nullptr) {
-      backend_.CopyToDevice(device->as<void>(), v.data(), sizeof(int32_t) * n);
-    }
+    if (device != nullptr) backend_.CopyToDevice(device, v.data(), sizeof(int32_t) * n);
   };
-  permute(batch.positions, &positions_);
-  permute(batch.seq, &seq_);
-  permute(batch.slots, &slots_);
+  permute(batch.positions, meta_.positions);
+  permute(batch.seq, meta_.seq);
+  permute(batch.slots, meta_.slots);
   permute(order, nullptr);
   if (profile != nullptr) {
     for (int32_t i = num_exact; i < num_exact + p; ++i) profile->promoted_rows.push_back(order[i]);

@@ -21,12 +21,14 @@ struct RidgeFillSplitMaps;
 // One forward step: rows from one or more sequences. Every row's K/V is written to its slot
 // before attention, so rows of the same sequence in one step see each other causally.
 struct ForwardBatch {
-  std::vector<int32_t> tokens;        // [rows]
-  std::vector<int32_t> positions;     // [rows] absolute position in its sequence
-  std::vector<int32_t> seq;           // [rows] index of the row's sequence in block_tables
-  std::vector<int32_t> slots;         // [rows] KV-cache slot the row's K/V go to
-  std::vector<int32_t> block_tables;  // [num_seqs, max_blocks_per_seq], padded with 0
-  int32_t max_blocks_per_seq = 0;
+  std::vector<int32_t> tokens;     // [rows]
+  std::vector<int32_t> positions;  // [rows] absolute position in its sequence
+  std::vector<int32_t> seq;        // [rows] index of the row's sequence
+  std::vector<int32_t> slots;      // [rows] KV-cache slot the row's K/V go to
+  // Sequence s's blocks are block_tables[block_table_offsets[s] .. block_table_offsets[s + 1])
+  // (AttentionRows): appended per sequence, never re-laid out.
+  std::vector<int32_t> block_table_offsets = {0};  // [num_seqs + 1]
+  std::vector<int32_t> block_tables;
   std::vector<int32_t> logit_rows;  // rows whose logits are wanted, in output order
   // RidgeFill, per row (empty = every row exact): -1 = exact row; s >= 0 = filled row with
   // split layer s (LlamaModel::SetRidgeFillMaps must hold maps for s). A filled row runs
@@ -130,8 +132,11 @@ class LlamaModel {
   void PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int32_t& num_exact,
                        ForwardBatch& batch, std::vector<int32_t>& order, ForwardProfile* profile);
 
-  // Scratch for `rows` rows; grows on demand. ResourceExhausted when it cannot.
-  absl::Status EnsureWorkspace(int32_t rows, int32_t num_seqs_x_blocks);
+  // Scratch for `rows` rows and `meta_ints` int32 of step metadata; grows on demand.
+  // ResourceExhausted when it cannot.
+  absl::Status EnsureWorkspace(int32_t rows, int64_t meta_ints);
+  // Uploads the step's metadata in one copy and points meta_ at it.
+  absl::Status UploadStepMeta(const ForwardBatch& batch);
 
   ModelConfig config_;
   ModelWeights weights_;
@@ -140,21 +145,34 @@ class LlamaModel {
   const RidgeFillMaps* ridgefill_maps_ = nullptr;
   float max_leverage_ = 0;
 
+  // The step's metadata on the backend, in one buffer (step_meta_) uploaded once per Forward:
+  // per row token, position, sequence and slot, the logit rows, the block tables.
+  struct StepMeta {
+    int32_t* tokens = nullptr;
+    int32_t* positions = nullptr;
+    int32_t* seq = nullptr;
+    int32_t* slots = nullptr;
+    int32_t* logit_rows = nullptr;
+    int32_t* block_table_offsets = nullptr;
+    int32_t* block_tables = nullptr;
+  };
+  StepMeta meta_;
+  std::vector<int32_t> host_meta_;  // staging for the upload, reused
+
   int32_t capacity_rows_ = 0;
-  int32_t capacity_table_ = 0;
+  int64_t capacity_meta_ = 0;
   int32_t capacity_logit_rows_ = 0;
-  DeviceBuffer x_;                                              // [rows, hidden] residual stream
-  DeviceBuffer xn_;                                             // [rows, hidden] normalized
-  DeviceBuffer qkv_;                                            // [rows, q_dim + 2 kv_dim]
-  DeviceBuffer attn_;                                           // [rows, q_dim]
-  DeviceBuffer proj_;                                           // [rows, hidden]
-  DeviceBuffer gate_up_;                                        // [rows, 2 ffn]
-  DeviceBuffer act_;                                            // [rows, ffn]
-  DeviceBuffer tokens_, positions_, seq_, slots_, logit_rows_;  // int32 [rows]
-  DeviceBuffer tables_;                                         // int32 [num_seqs * max_blocks]
-  DeviceBuffer head_in_;  // [rows, hidden] rows gathered for the LM head; scratch before that
-  DeviceBuffer perm_;     // int32 [rows]: row permutation (leverage promotion)
-  DeviceBuffer logits_;   // [logit rows, vocab]
+  DeviceBuffer x_;          // [rows, hidden] residual stream
+  DeviceBuffer xn_;         // [rows, hidden] normalized
+  DeviceBuffer qkv_;        // [rows, q_dim + 2 kv_dim]
+  DeviceBuffer attn_;       // [rows, q_dim]
+  DeviceBuffer proj_;       // [rows, hidden]
+  DeviceBuffer gate_up_;    // [rows, 2 ffn]
+  DeviceBuffer act_;        // [rows, ffn]
+  DeviceBuffer step_meta_;  // int32, StepMeta's arrays
+  DeviceBuffer head_in_;    // [rows, hidden] rows gathered for the LM head; scratch before that
+  DeviceBuffer perm_;       // int32 [rows]: row permutation (leverage promotion)
+  DeviceBuffer logits_;     // [logit rows, vocab]
 };
 
 }  // namespace ridgeserve

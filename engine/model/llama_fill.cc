@@ -47,9 +47,9 @@ void LlamaModel::WriteFilledKv(int32_t l, const FillGroup& g, const KvLayerView&
                             w.k_norm.as<float>(), c.rms_eps);
     }
   }
-  backend_.Rope(k, 2 * kv_dim, g.count, c.num_kv_heads, c.head_dim,
-                positions_.as<int32_t>() + g.begin, weights_.rope_inv_freq.as<float>());
-  backend_.StoreKv(kv, k, v, 2 * kv_dim, g.count, slots_.as<int32_t>() + g.begin);
+  backend_.Rope(k, 2 * kv_dim, g.count, c.num_kv_heads, c.head_dim, meta_.positions + g.begin,
+                weights_.rope_inv_freq.as<float>());
+  backend_.StoreKv(kv, k, v, 2 * kv_dim, g.count, meta_.slots + g.begin);
 }
 
 }  // namespace ridgeserve

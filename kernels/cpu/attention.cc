@@ -374,7 +374,7 @@ void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
   const int32_t* tile = order + item.begin;
   const int n_rows = item.count;
   const int32_t seq = rows.seq[tile[0]];
-  const int32_t* block_table = rows.block_tables + int64_t{seq} * rows.max_blocks_per_seq;
+  const int32_t* block_table = rows.block_tables + rows.block_table_offsets[seq];
   int32_t max_pos = 0;
   for (int t = 0; t < n_rows; ++t) max_pos = std::max(max_pos, rows.positions[tile[t]]);
 

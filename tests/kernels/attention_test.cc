@@ -55,17 +55,17 @@ class PagedProblem {
     const int32_t kv_width = p.num_kv_heads * p.head_dim;
     std::mt19937 rng(seed);
     int32_t total_blocks = 0;
-    max_blocks_ = 0;
+    offsets_ = {0};
     for (int32_t len : p.seq_lens) {
       const int32_t blocks = (len + p.block_size - 1) / p.block_size;
       total_blocks += blocks;
-      max_blocks_ = std::max(max_blocks_, blocks + 2);  // spare entries: never read
+      offsets_.push_back(offsets_.back() + blocks + 2);  // spare entries: never read
     }
     const int32_t num_blocks = total_blocks + 3;
     std::vector<int32_t> block_ids(num_blocks);
     std::iota(block_ids.begin(), block_ids.end(), 0);
     std::shuffle(block_ids.begin(), block_ids.end(), rng);
-    block_tables_.assign(p.seq_lens.size() * max_blocks_, -1);
+    block_tables_.assign(offsets_.back(), -1);
     const size_t cache_elements = size_t(num_blocks) * p.block_size * kv_width;
     const size_t element_bytes = ElementBytes(cache_dtype);
     std::vector<uint8_t> nan(element_bytes);
@@ -92,7 +92,7 @@ class PagedProblem {
     for (size_t s = 0; s < p.seq_lens.size(); ++s) {
       const int32_t len = p.seq_lens[s];
       for (int32_t b = 0; b * p.block_size < len; ++b) {
-        block_tables_[s * max_blocks_ + b] = block_ids[next_block++];
+        block_tables_[offsets_[s] + b] = block_ids[next_block++];
       }
       q_.push_back(RandomFloats(size_t(len) * p.num_heads * p.head_dim, seed * 7 + 3 * s + 1,
                                 -p.q_range, p.q_range));
@@ -101,7 +101,7 @@ class PagedProblem {
       std::vector<int32_t> slots(len);
       for (int32_t pos = 0; pos < len; ++pos) {
         slots[pos] =
-            block_tables_[s * max_blocks_ + pos / p.block_size] * p.block_size + pos % p.block_size;
+            block_tables_[offsets_[s] + pos / p.block_size] * p.block_size + pos % p.block_size;
       }
       backend.StoreKv(view_, k_.back().data(), v_.back().data(), kv_width, len, slots.data());
     }
@@ -127,8 +127,8 @@ class PagedProblem {
     ar.num_rows = n;
     ar.positions = positions.data();
     ar.seq = seqs.data();
+    ar.block_table_offsets = offsets_.data();
     ar.block_tables = block_tables_.data();
-    ar.max_blocks_per_seq = max_blocks_;
     std::vector<float> out(size_t(n) * width);
     backend.Attention(q.data(), ld, p_.num_heads, view_, ar, scale(), out.data());
     return out;
@@ -175,7 +175,7 @@ class PagedProblem {
 
  private:
   Problem p_;
-  int32_t max_blocks_;
+  std::vector<int32_t> offsets_;  // [num_seqs + 1] into block_tables_
   std::vector<int32_t> block_tables_;
   std::vector<uint8_t> k_cache_, v_cache_;
   KvLayerView view_;

@@ -193,7 +193,8 @@ struct AttentionSetup {
     const int32_t n = static_cast<int32_t>(positions.size());
     q = RandomFloats(size_t(n) * kHeads * kHeadDim, 6);
     out.resize(q.size());
-    rows = {n, positions.data(), seqs.data(), tables.data(), max_blocks};
+    for (int32_t s = 0; s <= num_seqs; ++s) offsets.push_back(s * max_blocks);
+    rows = {n, positions.data(), seqs.data(), offsets.data(), tables.data()};
   }
   void Run(Backend& backend) {
     backend.Attention(q.data(), kHeads * kHeadDim, kHeads, view, rows, 0.125f, out.data());
@@ -201,7 +202,7 @@ struct AttentionSetup {
 
   std::vector<uint8_t> k, v;
   std::vector<float> q, out;
-  std::vector<int32_t> tables, positions, seqs;
+  std::vector<int32_t> tables, offsets, positions, seqs;
   int32_t max_blocks;
   KvLayerView view;
   AttentionRows rows;
