@@ -42,15 +42,14 @@ size_t NucleusSize(std::span<Candidate> candidates, double threshold) {
   }
 }
 
-// log_softmax(logits)[token], accumulated in double.
-float LogSoftmaxAt(std::span<const float> logits, int32_t token) {
-  const float max = *std::max_element(logits.begin(), logits.end());
+}  // namespace
+
+double LogSoftmaxAt(std::span<const float> logits, int32_t token) {
+  const double max = *std::max_element(logits.begin(), logits.end());
   double sum = 0.0;
   for (float x : logits) sum += std::exp(x - max);
-  return static_cast<float>(static_cast<double>(logits[token]) - max - std::log(sum));
+  return logits[token] - max - std::log(sum);
 }
-
-}  // namespace
 
 int32_t Argmax(std::span<const float> logits) {
   size_t best = 0;
@@ -98,7 +97,8 @@ SampleResult Sampler::Sample(std::span<float> logits, std::span<const int32_t> c
   if (penalize) ApplyRepetitionPenalty(logits, context);
   const int32_t token = params_.temperature == 0.0f ? Argmax(logits) : Draw(logits);
   if (penalize) RestorePenalized(logits);
-  return {.token = token, .logprob = params_.logprobs ? LogSoftmaxAt(logits, token) : 0.0f};
+  return {.token = token,
+          .logprob = params_.logprobs ? static_cast<float>(LogSoftmaxAt(logits, token)) : 0.0f};
 }
 
 void Sampler::ApplyRepetitionPenalty(std::span<float> logits, std::span<const int32_t> context) {

@@ -32,6 +32,8 @@ struct SamplingParams {
 
 // Greedy choice: the first index of the largest logit (ties go to the lowest token id).
 int32_t Argmax(std::span<const float> logits);
+// log_softmax(logits)[token] in double (SampleResult::logprob; the eval tools' NLL).
+double LogSoftmaxAt(std::span<const float> logits, int32_t token);
 
 // InvalidArgument naming the field ("temperature must be >= 0, got -1").
 absl::Status ValidateSamplingParams(const SamplingParams& params);

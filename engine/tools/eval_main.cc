@@ -98,15 +98,6 @@ namespace {
 using Clock = ToolClock;
 using Json = nlohmann::json;
 
-// log softmax(logits)[target], in double.
-double LogProb(const float* logits, int32_t vocab, int32_t target) {
-  double max = logits[0];
-  for (int32_t i = 1; i < vocab; ++i) max = std::max<double>(max, logits[i]);
-  double sum = 0;
-  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
-  return logits[target] - max - std::log(sum);
-}
-
 class Eval {
  public:
   absl::Status Init() {
@@ -149,7 +140,7 @@ class Eval {
       RS_RETURN_IF_ERROR(runner.Append(std::span(tokens).subspan(begin, count),
                                        absl::GetFlag(FLAGS_chunk), /*all_logits=*/true, logits));
       for (size_t i = 0; i + 1 < count; ++i) {
-        nll -= LogProb(&logits[i * vocab], vocab, tokens[begin + i + 1]);
+        nll -= LogSoftmaxAt(std::span(logits).subspan(i * vocab, vocab), tokens[begin + i + 1]);
         ++scored;
       }
       spdlog::info("perplexity: {}/{} tokens, running ppl {:.4f}", begin + count, tokens.size(),

@@ -42,11 +42,7 @@ absl::StatusOr<RidgeFillRun> PlanFill(const Model& model, std::span<const int32_
 
 // -log softmax(logits)[target], in double.
 double Nll(const float* logits, int32_t vocab, int32_t target) {
-  double max = logits[0];
-  for (int32_t i = 1; i < vocab; ++i) max = std::max<double>(max, logits[i]);
-  double sum = 0;
-  for (int32_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] - max);
-  return -(logits[target] - max - std::log(sum));
+  return -LogSoftmaxAt(std::span(logits, vocab), target);
 }
 
 // The model's BOS prefix ([] when it wants none).

@@ -30,6 +30,7 @@
 #include "engine/model/model.h"
 #include "engine/ridgefill/map_file.h"
 #include "engine/ridgefill/ridgefill_maps.h"
+#include "engine/sampling/sampler.h"
 #include "engine/tools/sequence_runner.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "nlohmann/json.hpp"
@@ -67,10 +68,6 @@ double KlDivergence(const std::vector<float>& p_logits, const std::vector<float>
   double kl = 0;
   for (size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * (lp[i] - lq[i]);
   return kl;
-}
-
-int32_t Argmax(const std::vector<float>& v) {
-  return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
 }
 
 // K and V rows of layer l for positions [begin, end) of the runner's sequence, host copies.
