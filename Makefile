@@ -23,8 +23,11 @@ model: deps
 maps: build model
 	scripts/make_maps.sh $(BUILD_DIR) $(MODEL) $(MAPS)
 
-# The gRPC server on the default model; try it with build/bin/ridgeserve-cli (README).
-serve: maps
+# The gRPC server on the default model; try it with build/bin/ridgeserve-cli (README). It
+# serves exact requests at once; without maps yet, they are calibrated in the background
+# (progress in $(MAPS).progress) and the server loads them when the file appears.
+serve: build model
+	@if [ ! -s $(MAPS) ]; then scripts/make_maps.sh $(BUILD_DIR) $(MODEL) $(MAPS) & fi; \
 	$(BUILD_DIR)/bin/ridgeserve --model $(MODEL) --ridgefill_maps $(MAPS) --host 127.0.0.1 \
 	  --port 50051
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <optional>
@@ -47,14 +48,23 @@ struct Engine::Impl {
     int32_t filled_prompt_tokens = 0;  // planned, less the rows the leverage test promoted
     std::vector<uint8_t> promoted;     // per prompt position (recomputes promote them again)
     double estimated_saved_seconds = 0;
+    std::shared_ptr<const RidgeFillMaps> maps;  // what the filled rows use, to the end
   };
 
   struct Incoming {
     uint64_t id;
     EngineRequest request;
     std::vector<uint8_t> filled_rows;  // RidgeFill plan; empty for exact requests
+    std::shared_ptr<const RidgeFillMaps> maps;
     Clock::time_point arrival;
   };
+
+  // RunOnEngineThread's work, run between steps.
+  struct Task {
+    std::function<void()> fn;
+    std::shared_ptr<std::promise<void>> done;
+  };
+  void RunTasks();
 
   Impl(Model& m, const EngineOptions& o, PagedKvCache kv)
       : model(m), options(o), cache(std::make_unique<PagedKvCache>(std::move(kv))) {
@@ -84,7 +94,9 @@ struct Engine::Impl {
   std::condition_variable cv;
   std::deque<Incoming> incoming;
   std::vector<uint64_t> aborts;
+  std::vector<Task> tasks;
   bool stopping = false;
+  bool exited = false;  // the engine thread ran its last task
   uint64_t next_id = 1;
   EngineStats published;
 
@@ -101,7 +113,8 @@ bool Engine::Impl::TakeInput() {
   {
     std::unique_lock<std::mutex> lock(mu);
     if (!scheduler->HasWork()) {
-      cv.wait(lock, [&] { return stopping || !incoming.empty() || !aborts.empty(); });
+      cv.wait(lock,
+              [&] { return stopping || !incoming.empty() || !aborts.empty() || !tasks.empty(); });
     }
     if (stopping) return false;
     fresh.swap(incoming);
@@ -123,10 +136,11 @@ bool Engine::Impl::TakeInput() {
       l.split_layer = r.ridgefill.split_layer;
       l.filled_prompt_tokens = static_cast<int32_t>(
           std::count(in.filled_rows.begin(), in.filled_rows.end(), uint8_t{1}));
-      // The maps' address identifies them: they live as long as this process's cache.
-      sched->cache_salt = RidgeFillCacheSalt(
-          l.split_layer, reinterpret_cast<uintptr_t>(model.llama->ridgefill_maps()));
+      // The maps' id (a map file's checksum), never their address: blocks filled by maps
+      // that were swapped out must not match a request on new maps at the same address.
+      sched->cache_salt = RidgeFillCacheSalt(l.split_layer, in.maps->id());
       sched->filled_rows = std::move(in.filled_rows);
+      l.maps = std::move(in.maps);
     }
     live.emplace(in.id, std::move(l));
     if (absl::Status s = scheduler->Add(std::move(sched)); !s.ok()) {
@@ -211,11 +225,17 @@ void Engine::Impl::Step() {
     if (filled == 0) continue;
     filled_in_chunk[i] = filled;
     batch.fill_split.resize(batch.num_rows() - chunk.count, -1);
+    batch.fill_maps.resize(batch.num_rows() - chunk.count, nullptr);
     for (int32_t p = chunk.start; p < chunk.start + chunk.count; ++p) {
-      batch.fill_split.push_back(p < fill_end && r.filled_rows[p] != 0 ? l.split_layer : -1);
+      const bool fill = p < fill_end && r.filled_rows[p] != 0;
+      batch.fill_split.push_back(fill ? l.split_layer : -1);
+      batch.fill_maps.push_back(fill ? l.maps.get() : nullptr);
     }
   }
-  if (!batch.fill_split.empty()) batch.fill_split.resize(batch.num_rows(), -1);
+  if (!batch.fill_split.empty()) {
+    batch.fill_split.resize(batch.num_rows(), -1);
+    batch.fill_maps.resize(batch.num_rows(), nullptr);
+  }
   ForwardProfile profile;
   absl::Status status = model.llama->Forward(batch, *cache, logits, nullptr,
                                              batch.fill_split.empty() ? nullptr : &profile);
@@ -307,8 +327,21 @@ void Engine::Impl::Publish() {
   published.num_steps = steps;
 }
 
+void Engine::Impl::RunTasks() {
+  std::vector<Task> run;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    run.swap(tasks);
+  }
+  for (Task& t : run) {
+    t.fn();
+    t.done->set_value();
+  }
+}
+
 void Engine::Impl::Run() {
   while (TakeInput()) {
+    RunTasks();
     if (scheduler->HasWork()) Step();
     Publish();
   }
@@ -320,6 +353,13 @@ void Engine::Impl::Run() {
     FinishWith(id, FinishReason::kAborted, absl::OkStatus());
   }
   Publish();
+  // Tasks queued until now still run; later ones are refused.
+  RunTasks();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    exited = true;
+  }
+  RunTasks();
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const EngineOptions& options) {
@@ -384,7 +424,12 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
   }
   std::vector<uint8_t> filled_rows;
   if (request.ridgefill.split_layer >= 0) {
-    const RidgeFillMaps* maps = impl_->model.llama->ridgefill_maps();
+    if (request.ridgefill.maps == nullptr && impl_->model.llama->ridgefill_maps() != nullptr) {
+      // The model's maps, not owned: they outlive the engine's requests (SetRidgeFillMaps).
+      request.ridgefill.maps = std::shared_ptr<const RidgeFillMaps>(
+          std::shared_ptr<void>(), impl_->model.llama->ridgefill_maps());
+    }
+    const RidgeFillMaps* maps = request.ridgefill.maps.get();
     if (maps == nullptr || maps->FindSplit(request.ridgefill.split_layer) == nullptr) {
       return absl::FailedPreconditionError(
           absl::StrCat("no RidgeFill maps loaded for split layer ", request.ridgefill.split_layer));
@@ -412,8 +457,11 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
           absl::StrCat("request queue is full (", waiting, " waiting)"));
     }
     id = impl_->next_id++;
-    impl_->incoming.push_back(
-        Impl::Incoming{id, std::move(request), std::move(filled_rows), Clock::now()});
+    std::shared_ptr<const RidgeFillMaps> maps;
+    if (!filled_rows.empty()) maps = request.ridgefill.maps;
+    request.ridgefill.maps.reset();
+    impl_->incoming.push_back(Impl::Incoming{id, std::move(request), std::move(filled_rows),
+                                             std::move(maps), Clock::now()});
   }
   impl_->cv.notify_one();
   return id;
@@ -425,6 +473,23 @@ void Engine::Abort(uint64_t id) {
     impl_->aborts.push_back(id);
   }
   impl_->cv.notify_one();
+}
+
+absl::Status Engine::RunOnEngineThread(std::function<void()> task) {
+  if (std::this_thread::get_id() == impl_->thread.get_id()) {
+    task();
+    return absl::OkStatus();
+  }
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->exited) return absl::UnavailableError("engine has stopped");
+    impl_->tasks.push_back(Impl::Task{std::move(task), std::move(done)});
+  }
+  impl_->cv.notify_one();
+  finished.wait();
+  return absl::OkStatus();
 }
 
 EngineStats Engine::stats() const {

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/model/model.h"
+#include "engine/ridgefill/ridgefill_maps.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sched/scheduler.h"
 
@@ -24,7 +25,8 @@ namespace ridgeserve {
 struct EngineOptions {
   SchedulerConfig scheduler;
   int32_t kv_cache_tokens = 65536;  // KV cache capacity (rounded up to whole blocks)
-  // RidgeFill (needs maps set on the model with LlamaModel::SetRidgeFillMaps):
+  // RidgeFill (maps per request, RidgeFillRequest::maps, or set on the model with
+  // LlamaModel::SetRidgeFillMaps):
   int32_t ridgefill_sink_tokens = 4;        // first prompt rows that always run exactly
   int32_t ridgefill_min_prompt_tokens = 0;  // shorter prompts run exactly
 };
@@ -72,6 +74,11 @@ struct RidgeFillRequest {
   int32_t split_layer = -1;  // < 0: exact prefill (the rest is ignored)
   int32_t exact_tail_tokens = 0;
   std::vector<std::pair<int32_t, int32_t>> exact_spans;  // [begin, end) prompt positions
+  // The maps the request is filled with, held until it finishes (so a server may swap maps
+  // while it runs: chunks, recomputes after preemption and its prefix-cache key all use
+  // these). nullptr: the model's (LlamaModel::SetRidgeFillMaps), which must then outlive it.
+  // Their last reference may be dropped on any thread.
+  std::shared_ptr<const RidgeFillMaps> maps;
 };
 
 struct EngineRequest {
@@ -111,6 +118,11 @@ class Engine {
   // finished ids are ignored.
   void Abort(uint64_t id);
   EngineStats stats() const;
+  // Runs `task` on the engine thread between two steps and returns when it has run: backend
+  // work from another thread (a Backend is driven by one thread), e.g. uploading RidgeFill
+  // maps while the engine serves. On the engine thread itself (a callback) it runs at once.
+  // Unavailable (and `task` not run) once the engine thread has ended.
+  absl::Status RunOnEngineThread(std::function<void()> task);
 
  private:
   struct Impl;

@@ -10,7 +10,8 @@
 
 namespace ridgeserve {
 
-absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_path, Model& model) {
+absl::StatusOr<std::unique_ptr<MapFile>> OpenRidgeFillMapFile(const std::string& maps_path,
+                                                              const Model& model) {
   const ModelConfig& c = model.config;
   // The map file must have been fitted on this very model (fingerprint of its tensors).
   std::unique_ptr<TensorSource> source;
@@ -24,15 +25,25 @@ absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_pa
   expected.model = ComputeModelFingerprint(*source, c.name, c.num_layers, c.hidden);
   expected.num_kv_heads = c.num_kv_heads;
   expected.head_dim = c.head_dim;
-  LoadedRidgeFillMaps loaded;
-  RS_ASSIGN_OR_RETURN(loaded.file, MapFile::Open(maps_path, expected));
+  return MapFile::Open(maps_path, expected);
+}
+
+absl::StatusOr<std::unique_ptr<RidgeFillMaps>> UploadRidgeFillMaps(const MapFile& file,
+                                                                   Model& model) {
   absl::StatusOr<std::unique_ptr<RidgeFillMaps>> maps =
-      RidgeFillMaps::Load(loaded.file->maps(), *model.llama);
+      RidgeFillMaps::Load(file.maps(), *model.llama);
   if (!maps.ok()) {
     return absl::Status(maps.status().code(),
-                        absl::StrCat(maps_path, ": ", maps.status().message()));
+                        absl::StrCat(file.path(), ": ", maps.status().message()));
   }
-  loaded.maps = *std::move(maps);
+  (*maps)->set_id(file.checksum());
+  return maps;
+}
+
+absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_path, Model& model) {
+  LoadedRidgeFillMaps loaded;
+  RS_ASSIGN_OR_RETURN(loaded.file, OpenRidgeFillMapFile(maps_path, model));
+  RS_ASSIGN_OR_RETURN(loaded.maps, UploadRidgeFillMaps(*loaded.file, model));
   model.llama->SetRidgeFillMaps(loaded.maps.get());
   return loaded;
 }

@@ -23,6 +23,15 @@ struct LoadedRidgeFillMaps {
 // (another model's maps, a truncated or corrupted file, a shape that does not fit).
 absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_path, Model& model);
 
+// LoadRidgeFillMaps in its two halves, for a server that swaps maps while it serves (and does
+// not set them on the model). Opening reads and checks the file against the model (no backend
+// work, any thread); uploading puts the maps on the model's backend (the thread that drives
+// it), with the file's checksum as their id (RidgeFillMaps::id).
+absl::StatusOr<std::unique_ptr<MapFile>> OpenRidgeFillMapFile(const std::string& maps_path,
+                                                              const Model& model);
+absl::StatusOr<std::unique_ptr<RidgeFillMaps>> UploadRidgeFillMaps(const MapFile& file,
+                                                                   Model& model);
+
 }  // namespace ridgeserve
 
 #endif  // RIDGESERVE_ENGINE_RIDGEFILL_LOAD_H_

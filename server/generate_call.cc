@@ -17,8 +17,20 @@ absl::Status GenerateCall::Start(const v1::GenerateRequest& request, StepSink si
 }
 
 absl::Status GenerateCall::Submit(const v1::GenerateRequest& request, StepSink sink) {
-  absl::StatusOr<ValidatedRequest> validated = ValidateGenerateRequest(
-      request, *context_.model.tokenizer, context_.model.config, context_.options);
+  // RIDGEFILL: validated against, and run on, the maps loaded now (swaps do not touch it).
+  std::optional<ServerOptions> ridgefill_options;
+  std::shared_ptr<const RidgeFillMaps> maps;
+  if (request.prefill().mode() == v1::PrefillOptions::RIDGEFILL) {
+    RidgeFillMapsSnapshot snapshot = context_.ridgefill.Snapshot();
+    ridgefill_options.emplace(context_.options);
+    ridgefill_options->ridgefill_split_layers = std::move(snapshot.split_layers);
+    ridgefill_options->default_split_layer = snapshot.default_split_layer;
+    ridgefill_options->ridgefill_unavailable = std::move(snapshot.unavailable);
+    maps = std::move(snapshot.maps);
+  }
+  absl::StatusOr<ValidatedRequest> validated =
+      ValidateGenerateRequest(request, *context_.model.tokenizer, context_.model.config,
+                              ridgefill_options ? *ridgefill_options : context_.options);
   if (!validated.ok()) {
     spdlog::info("request {} refused: {}", request.request_id(), validated.status().ToString());
     return validated.status();
@@ -33,6 +45,7 @@ absl::Status GenerateCall::Submit(const v1::GenerateRequest& request, StepSink s
   output_.emplace(*context_.model.tokenizer, request_id_, std::move(validated->stop),
                   static_cast<int32_t>(validated->engine.prompt.size()));
   EngineRequest& engine_request = validated->engine;
+  engine_request.ridgefill.maps = std::move(maps);
   engine_request.on_event = [this](const TokenEvent& event) { OnEvent(event); };
   absl::StatusOr<uint64_t> id = context_.engine.Submit(std::move(engine_request));
   if (!id.ok()) {

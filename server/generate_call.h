@@ -25,6 +25,7 @@
 #include "server/metrics.h"
 #include "server/output_builder.h"
 #include "server/request_registry.h"
+#include "server/ridgefill_maps_manager.h"
 #include "server/server_options.h"
 
 namespace ridgeserve {
@@ -36,6 +37,9 @@ struct ServingContext {
   const ServerOptions& options;
   RequestRegistry& registry;
   ServerMetrics& metrics;
+  // The RidgeFill maps of the moment: a RIDGEFILL request takes a snapshot and keeps its
+  // maps to the end.
+  const RidgeFillMapsManager& ridgefill;
 };
 
 // One generation request's path from the wire to the engine and back, shared by both

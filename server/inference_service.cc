@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_format.h"
 #include "engine/tokenizer/utf8.h"
 #include "server/request_validation.h"
 #include "server/status_conversion.h"
@@ -11,11 +12,12 @@
 namespace ridgeserve {
 
 InferenceService::InferenceService(const Model& model, Engine& engine, ServerOptions options,
-                                   ServerMetrics& metrics)
+                                   ServerMetrics& metrics, const RidgeFillMapsManager& ridgefill)
     : model_(model),
       engine_(engine),
       options_(std::move(options)),
-      context_{model_, engine_, options_, registry_, metrics} {}
+      ridgefill_(ridgefill),
+      context_{model_, engine_, options_, registry_, metrics, ridgefill_} {}
 
 grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* /*context*/,
                                                      const v1::GenerateRequest* request,
@@ -77,9 +79,22 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
   response->set_context_length(c.context_length);
   response->set_backend(options_.backend);
   response->set_tensor_parallel(options_.tensor_parallel);
-  for (int32_t layer : options_.ridgefill_split_layers) {
-    response->add_ridgefill_split_layers(layer);
-  }
+  const RidgeFillMapsSnapshot maps = ridgefill_.Snapshot();
+  for (int32_t layer : maps.split_layers) response->add_ridgefill_split_layers(layer);
+  v1::RidgeFillMapsInfo& info = *response->mutable_ridgefill_maps();
+  // Indexed by RidgeFillMapsState.
+  constexpr v1::RidgeFillMapsInfo::State kStates[] = {
+      v1::RidgeFillMapsInfo::NONE, v1::RidgeFillMapsInfo::CALIBRATING,
+      v1::RidgeFillMapsInfo::LOADED, v1::RidgeFillMapsInfo::FAILED};
+  info.set_state(kStates[static_cast<int>(maps.state)]);
+  info.set_version(maps.version);
+  if (maps.version > 0) info.set_checksum(absl::StrFormat("%016x", maps.checksum));
+  info.set_default_split_layer(maps.default_split_layer);
+  info.set_calibrated_tokens(maps.calibrated_tokens);
+  info.set_calibration_tokens(maps.calibration_tokens);
+  info.set_detail(maps.unavailable);
+  info.set_reloads_ok(maps.reloads_ok);
+  info.set_reloads_refused(maps.reloads_refused);
   response->set_default_exact_tail_tokens(options_.default_exact_tail_tokens);
 
   const EngineStats s = engine_.stats();

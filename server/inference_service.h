@@ -14,15 +14,17 @@
 #include "server/generate_call.h"
 #include "server/metrics.h"
 #include "server/request_registry.h"
+#include "server/ridgefill_maps_manager.h"
 #include "server/server_options.h"
 
 namespace ridgeserve {
 
 class InferenceService final : public v1::Inference::CallbackService {
  public:
-  // `model`, `engine` and `metrics` must outlive the service and every call on it.
+  // `model`, `engine`, `metrics` and `ridgefill` must outlive the service and every call on
+  // it.
   InferenceService(const Model& model, Engine& engine, ServerOptions options,
-                   ServerMetrics& metrics);
+                   ServerMetrics& metrics, const RidgeFillMapsManager& ridgefill);
 
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
                                      const v1::GenerateRequest* request,
@@ -53,6 +55,7 @@ class InferenceService final : public v1::Inference::CallbackService {
   const Model& model_;
   Engine& engine_;
   const ServerOptions options_;
+  const RidgeFillMapsManager& ridgefill_;
   RequestRegistry registry_;
   const ServingContext context_;
 };

@@ -1,5 +1,6 @@
 // ridgeserve: the gRPC inference server. main() is lifecycle only: parse flags, load the
 // model, start the endpoints, warm up, serve until SIGTERM/SIGINT, drain with a timeout, stop.
+// SIGHUP reloads --ridgefill_maps (RidgeFillMapsManager).
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -12,19 +13,18 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/common/status_macros.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
-#include "engine/ridgefill_load.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
+#include "server/ridgefill_maps_manager.h"
 #include "server/server_options.h"
 #include "server/shutdown_signal.h"
 #include "server/warm_up.h"
@@ -36,7 +36,8 @@ ABSL_FLAG(std::string, model, "models/SmolLM2-135M-Instruct.Q4_1.gguf",
           "tokenizer.json");
 ABSL_FLAG(std::string, ridgefill_maps, "",
           "RidgeFill map file from ridgeserve-calibrate (empty: RIDGEFILL requests are refused "
-          "with FAILED_PRECONDITION)");
+          "with FAILED_PRECONDITION). Not there yet: exact requests are served and the file is "
+          "loaded when it appears (progress from FILE.progress); SIGHUP reloads it");
 ABSL_FLAG(int32_t, default_split_layer, -1,
           "RidgeFill: split layer when a request names none (-1: the highest split in the maps, "
           "the most faithful)");
@@ -193,26 +194,8 @@ absl::Status Serve(ShutdownSignal& signals) {
                model->config.arch_name, model->config.num_layers, model->config.context_length,
                absl::ToDoubleSeconds(absl::Now() - load_start));
 
-  ServerOptions options;
-  LoadedRidgeFillMaps ridgefill;
-  if (const std::string maps_path = absl::GetFlag(FLAGS_ridgefill_maps); !maps_path.empty()) {
-    RS_ASSIGN_OR_RETURN(ridgefill, LoadRidgeFillMaps(maps_path, *model));
-    options.ridgefill_split_layers = ridgefill.maps->split_layers();
-    model->llama->SetRidgeFillMaxLeverage(
-        static_cast<float>(absl::GetFlag(FLAGS_ridgefill_max_leverage)));
-    std::sort(options.ridgefill_split_layers.begin(), options.ridgefill_split_layers.end());
-    options.default_split_layer = absl::GetFlag(FLAGS_default_split_layer);
-    if (options.default_split_layer < 0) {
-      options.default_split_layer = options.ridgefill_split_layers.back();
-    } else if (ridgefill.maps->FindSplit(options.default_split_layer) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--default_split_layer ", options.default_split_layer, ": ", maps_path,
-                       " has no maps for it (it has ",
-                       absl::StrJoin(options.ridgefill_split_layers, ", "), ")"));
-    }
-    spdlog::info("RidgeFill maps {}: split layers {}, default {}", maps_path,
-                 absl::StrJoin(options.ridgefill_split_layers, ", "), options.default_split_layer);
-  }
+  model->llama->SetRidgeFillMaxLeverage(
+      static_cast<float>(absl::GetFlag(FLAGS_ridgefill_max_leverage)));
 
   EngineOptions engine_options;
   engine_options.ridgefill_sink_tokens = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
@@ -235,14 +218,30 @@ absl::Status Serve(ShutdownSignal& signals) {
                      stats.kv_block_size / (1 << 20));
   }
 
+  // RidgeFill maps: loaded now if the file is there (a bad one stops the server here), else
+  // loaded when it appears; SIGHUP reloads them.
+  RidgeFillMapsManager::Options maps_options;
+  maps_options.path = absl::GetFlag(FLAGS_ridgefill_maps);
+  maps_options.default_split_layer = absl::GetFlag(FLAGS_default_split_layer);
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMapsManager> maps,
+                      RidgeFillMapsManager::Create(*model, *engine, maps_options));
+  signals.SetReloadHandler([&maps = *maps] { maps.RequestReload(); });
+  // Before `maps` goes: no SIGHUP may reach it afterwards.
+  struct ClearReloadHandler {
+    ShutdownSignal& signals;
+    ~ClearReloadHandler() { signals.SetReloadHandler(nullptr); }
+  } clear_reload_handler{signals};
+
+  ServerOptions options;
   options.backend = absl::GetFlag(FLAGS_backend);
   options.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   options.default_exact_tail_tokens = absl::GetFlag(FLAGS_default_exact_tail_tokens);
   ServerMetrics metrics(
       [&engine = *engine] { return engine.stats(); },
       {RIDGESERVE_VERSION, model->config.name, options.backend, options.tensor_parallel});
+  metrics.SetRidgeFillMaps([&maps = *maps] { return maps.Snapshot(); });
   RS_RETURN_IF_ERROR(ServeMetrics(metrics));
-  InferenceService service(*model, *engine, options, metrics);
+  InferenceService service(*model, *engine, options, metrics, *maps);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();

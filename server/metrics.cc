@@ -55,7 +55,7 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
             ? static_cast<double>(s.kv_blocks_total - s.kv_blocks_free) / s.kv_blocks_total
             : 0.0;
     using prometheus::MetricType;
-    return {
+    std::vector<prometheus::MetricFamily> families = {
         OneValue("ridgeserve_num_requests_running",
                  "Requests prefilling or decoding in the engine.", MetricType::Gauge,
                  s.num_running),
@@ -67,11 +67,60 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
                  "Requests preempted (their KV blocks freed, to be recomputed).",
                  MetricType::Counter, static_cast<double>(s.num_preemptions)),
     };
+    if (ridgefill_ != nullptr) AppendRidgeFill(ridgefill_(), families);
+    return families;
   }
 
+  // Set before the exposer starts scraping.
+  std::function<RidgeFillMapsSnapshot()> ridgefill_;
+
  private:
+  static void AppendRidgeFill(const RidgeFillMapsSnapshot& m,
+                              std::vector<prometheus::MetricFamily>& out) {
+    using prometheus::MetricType;
+    prometheus::MetricFamily state{"ridgeserve_ridgefill_maps_state",
+                                   "RidgeFill maps state: 1 for the state now (none, calibrating, "
+                                   "loaded, failed), 0 for the others.",
+                                   MetricType::Gauge,
+                                   {}};
+    for (RidgeFillMapsState s : {RidgeFillMapsState::kNone, RidgeFillMapsState::kCalibrating,
+                                 RidgeFillMapsState::kLoaded, RidgeFillMapsState::kFailed}) {
+      prometheus::ClientMetric& c = state.metric.emplace_back();
+      c.label.push_back({"state", RidgeFillMapsStateName(s)});
+      c.gauge.value = s == m.state ? 1 : 0;
+    }
+    out.push_back(std::move(state));
+    out.push_back(OneValue("ridgeserve_ridgefill_maps_version",
+                           "Version of the RidgeFill maps in use: 1 for the first loaded, +1 per "
+                           "reload; 0 before any.",
+                           MetricType::Gauge, static_cast<double>(m.version)));
+    out.push_back(OneValue(
+        "ridgeserve_ridgefill_calibration_progress_ratio",
+        "While the RidgeFill maps are being calibrated: tokens done / total (0 to 1), else 0.",
+        MetricType::Gauge,
+        m.calibration_tokens > 0
+            ? static_cast<double>(m.calibrated_tokens) / static_cast<double>(m.calibration_tokens)
+            : 0.0));
+    prometheus::MetricFamily reloads{"ridgeserve_ridgefill_maps_reloads_total",
+                                     "RidgeFill map files loaded after the start (result ok) or "
+                                     "refused, keeping the maps in use (result refused).",
+                                     MetricType::Counter,
+                                     {}};
+    for (const auto& [result, n] :
+         {std::pair{"ok", m.reloads_ok}, std::pair{"refused", m.reloads_refused}}) {
+      prometheus::ClientMetric& c = reloads.metric.emplace_back();
+      c.label.push_back({"result", result});
+      c.counter.value = static_cast<double>(n);
+    }
+    out.push_back(std::move(reloads));
+  }
+
   const std::function<EngineStats()> stats_;
 };
+
+void ServerMetrics::SetRidgeFillMaps(std::function<RidgeFillMapsSnapshot()> snapshot) {
+  engine_collector_->ridgefill_ = std::move(snapshot);
+}
 
 ServerMetrics::ServerMetrics(std::function<EngineStats()> engine_stats, const BuildInfo& info)
     : registry_(std::make_shared<prometheus::Registry>()),

@@ -29,6 +29,11 @@
 //   ridgeserve_num_requests_waiting, ridgeserve_kv_cache_usage_ratio (used / total blocks),
 //   ridgeserve_num_preemptions_total.
 // - ridgeserve_build_info{version, model, backend, tensor_parallel} 1.
+// - Read from the RidgeFill maps manager at scrape time (SetRidgeFillMaps):
+//   ridgeserve_ridgefill_maps_state{state} (1 for the state now, 0 for the others: none,
+//   calibrating, loaded, failed), ridgeserve_ridgefill_maps_version (0: none loaded yet),
+//   ridgeserve_ridgefill_calibration_progress_ratio (tokens calibrated / total while
+//   calibrating, else 0) and ridgeserve_ridgefill_maps_reloads_total{result} (ok, refused).
 //
 // Threading: every method is thread-safe. RequestMetrics belongs to one request and is fed
 // its events in order (the engine thread).
@@ -50,6 +55,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "ridgeserve/v1/ridgeserve.pb.h"
+#include "server/ridgefill_maps_manager.h"
 
 namespace prometheus {
 class Exposer;
@@ -85,6 +91,9 @@ class ServerMetrics {
 
   // A Generate/GenerateStream call ended with this non-OK status.
   void RecordError(absl::StatusCode code);
+
+  // Exports the RidgeFill maps' state (see above), read on every scrape. Before Serve.
+  void SetRidgeFillMaps(std::function<RidgeFillMapsSnapshot()> snapshot);
 
  private:
   friend class RequestMetrics;

@@ -136,8 +136,10 @@ absl::Status ValidatePrefill(const v1::PrefillOptions& p, const ServerOptions& o
     case v1::PrefillOptions::RIDGEFILL: {
       if (options.ridgefill_split_layers.empty()) {
         return absl::FailedPreconditionError(
-            "prefill.mode RIDGEFILL: no RidgeFill maps loaded (start the server with "
-            "--ridgefill_maps)");
+            absl::StrCat("prefill.mode RIDGEFILL: ",
+                         options.ridgefill_unavailable.empty()
+                             ? "no RidgeFill maps loaded (start the server with --ridgefill_maps)"
+                             : options.ridgefill_unavailable));
       }
       const auto& splits = options.ridgefill_split_layers;
       if (r.has_split_layer() &&

@@ -14,10 +14,13 @@ struct ServerOptions {
   int32_t tensor_parallel = 1;
   // RidgeFill: tokens at the end of the prompt that run exactly when a request does not say.
   int32_t default_exact_tail_tokens = 1024;
-  // Split layers of the loaded RidgeFill maps; empty: none loaded, RIDGEFILL is refused.
+  // RidgeFill, as of the request (the maps may be swapped while serving: GenerateCall fills
+  // these from a RidgeFillMapsManager snapshot). Split layers of the loaded maps; empty: none
+  // loaded, RIDGEFILL is refused with FAILED_PRECONDITION saying ridgefill_unavailable.
   std::vector<int32_t> ridgefill_split_layers;
   // The split a RIDGEFILL request gets when it names none (one of ridgefill_split_layers).
   int32_t default_split_layer = -1;
+  std::string ridgefill_unavailable;  // why no maps are loaded (e.g. calibration progress)
   // A draft model is loaded (SPEC_PC / SPEC_KV possible). Not implemented yet.
   bool has_draft_model = false;
 };

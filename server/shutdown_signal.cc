@@ -6,6 +6,7 @@
 
 #include <cassert>
 #include <cerrno>
+#include <utility>
 
 namespace ridgeserve {
 namespace {
@@ -45,11 +46,13 @@ ShutdownSignal::ShutdownSignal() {
   thread_ = std::thread([this] { Loop(); });
   SetHandler(SIGTERM, OnSignal);
   SetHandler(SIGINT, OnSignal);
+  SetHandler(SIGHUP, OnSignal);
 }
 
 ShutdownSignal::~ShutdownSignal() {
   SetHandler(SIGTERM, SIG_DFL);
   SetHandler(SIGINT, SIG_DFL);
+  SetHandler(SIGHUP, SIG_IGN);  // a late one must not kill a process that is exiting
   [[maybe_unused]] const ssize_t n = write(g_pipe_write, &kStop, 1);
   thread_.join();
   close(g_pipe_write);
@@ -63,6 +66,16 @@ void ShutdownSignal::Loop() {
     const ssize_t n = read(pipe_read_, &byte, 1);
     if (n < 0 && errno == EINTR) continue;
     if (n != 1 || byte == kStop) return;
+    if (byte == SIGHUP) {
+      // Under the lock, so that SetReloadHandler(nullptr) returns only when no call is left.
+      std::lock_guard<std::mutex> lock(mu_);
+      if (reload_ == nullptr) {
+        pending_reloads_ = 1;
+      } else {
+        reload_();
+      }
+      continue;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (count_++ == 0) first_signal_ = byte;
     cv_.notify_all();
@@ -73,6 +86,15 @@ int ShutdownSignal::Wait() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return count_ > 0; });
   return first_signal_;
+}
+
+void ShutdownSignal::SetReloadHandler(std::function<void()> handler) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reload_ = std::move(handler);
+  if (reload_ != nullptr && pending_reloads_ > 0) {
+    pending_reloads_ = 0;
+    reload_();
+  }
 }
 
 int ShutdownSignal::count() const {

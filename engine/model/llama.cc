@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
@@ -141,17 +142,25 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     if (capture != nullptr) {
       return absl::InvalidArgumentError("forward: capture with RidgeFill rows is not supported");
     }
-    if (ridgefill_maps_ == nullptr) {
-      return absl::FailedPreconditionError("forward: RidgeFill rows but no maps are loaded");
+    if (!input.fill_maps.empty() && static_cast<int32_t>(input.fill_maps.size()) != n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "forward: fill_maps has ", input.fill_maps.size(), " entries for ", n, " rows"));
     }
+    auto maps_of = [&](int32_t row) {
+      const RidgeFillMaps* m = input.fill_maps.empty() ? nullptr : input.fill_maps[row];
+      return m != nullptr ? m : ridgefill_maps_;
+    };
+    // Exact rows first, then filled rows by descending split, each split's rows by maps.
     auto key = [&](int32_t row) {
       const int32_t s = input.fill_split[row];
-      return s < 0 ? std::numeric_limits<int32_t>::max() : s;
+      return std::pair(s < 0 ? std::numeric_limits<int32_t>::max() : s,
+                       s < 0 ? uintptr_t{0} : reinterpret_cast<uintptr_t>(maps_of(row)));
     };
     order.resize(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return key(a) > key(b); });
+    const RidgeFillMaps* group_maps = nullptr;
     std::vector<int32_t> new_index(n);
     reordered.block_table_offsets = input.block_table_offsets;
     reordered.block_tables = input.block_tables;
@@ -164,8 +173,12 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
       reordered.slots.push_back(input.slots[r]);
       const int32_t s = input.fill_split[r];
       if (s < 0) continue;
-      if (groups.empty() || groups.back().split != s) {
-        const RidgeFillSplitMaps* maps = ridgefill_maps_->FindSplit(s);
+      if (groups.empty() || groups.back().split != s || group_maps != maps_of(r)) {
+        group_maps = maps_of(r);
+        if (group_maps == nullptr) {
+          return absl::FailedPreconditionError("forward: RidgeFill rows but no maps are loaded");
+        }
+        const RidgeFillSplitMaps* maps = group_maps->FindSplit(s);
         if (maps == nullptr) {
           return absl::InvalidArgumentError(
               absl::StrCat("forward: no RidgeFill maps for split layer ", s));
@@ -274,8 +287,13 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   if (timed) {
     profile->full_layer_row_seconds = full_seconds / (static_cast<double>(lowest_split + 1) * n);
     profile->fills.clear();
+    // One entry per split: groups of one split (several maps) are summed.
     for (size_t i = 0; i < groups.size(); ++i) {
-      profile->fills.push_back({groups[i].split, groups[i].count, fill_seconds[i]});
+      if (i == 0 || groups[i].split != groups[i - 1].split) {
+        profile->fills.push_back({groups[i].split, 0, 0});
+      }
+      profile->fills.back().rows += groups[i].count;
+      profile->fills.back().seconds += fill_seconds[i];
     }
   }
   if (capture != nullptr) capture_at(c.num_layers);

@@ -36,6 +36,10 @@ struct ForwardBatch {
   // layer l >= s + 2 from ĥ_l = W_l h_s + b_l. It gets no logits and its own row does not
   // attend after layer s. Exact rows run every layer and see the filled rows' K/V.
   std::vector<int32_t> fill_split;
+  // Per row beside fill_split, the maps a filled row uses (empty, or nullptr for a row: the
+  // model's, SetRidgeFillMaps). Rows of one batch may use different maps (a server that
+  // swapped maps finishes each request on the maps it started with).
+  std::vector<const RidgeFillMaps*> fill_maps;
 
   int32_t num_rows() const { return static_cast<int32_t>(tokens.size()); }
   // Appends a sequence's rows for `tokens` at positions start_pos.. (blocks reserved) and
@@ -116,7 +120,7 @@ class LlamaModel {
                        ForwardCapture* capture = nullptr, ForwardProfile* profile = nullptr);
 
  private:
-  // Filled rows of one split layer, contiguous in the reordered batch.
+  // Filled rows of one split layer and one set of maps, contiguous in the reordered batch.
   struct FillGroup {
     int32_t split = 0;
     int32_t begin = 0;  // first row

@@ -516,7 +516,7 @@ absl::StatusOr<std::unique_ptr<MapFile>> MapFile::OpenImpl(const std::string& pa
     }
   }
   if (absl::Status s = ValidateMapSet(maps); !s.ok()) return invalid(s.message());
-  return std::unique_ptr<MapFile>(new MapFile(std::move(file), std::move(maps)));
+  return std::unique_ptr<MapFile>(new MapFile(std::move(file), std::move(maps), stored));
 }
 
 absl::StatusOr<std::unique_ptr<MapFile>> MapFile::Open(const std::string& path,
@@ -528,8 +528,8 @@ absl::StatusOr<std::unique_ptr<MapFile>> MapFile::OpenUnchecked(const std::strin
   return OpenImpl(path, nullptr);
 }
 
-MapFile::MapFile(std::unique_ptr<MappedFile> file, MapSet maps)
-    : file_(std::move(file)), maps_(std::move(maps)) {}
+MapFile::MapFile(std::unique_ptr<MappedFile> file, MapSet maps, uint64_t checksum)
+    : file_(std::move(file)), maps_(std::move(maps)), checksum_(checksum) {}
 
 MapFile::~MapFile() = default;
 

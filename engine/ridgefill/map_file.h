@@ -144,17 +144,21 @@ class MapFile {
 
   const std::string& path() const;
   const MapSet& maps() const { return maps_; }
+  // The trailer's XXH64 of the file's bytes: identifies its contents (ridgeserve keys its
+  // prefix cache on it, so K/V filled by two different map files are never mixed).
+  uint64_t checksum() const { return checksum_; }
   // nullptr when the file has no maps for split layer `s`.
   const SplitMaps* FindSplit(int32_t split_layer) const;
 
  private:
-  MapFile(std::unique_ptr<MappedFile> file, MapSet maps);
+  MapFile(std::unique_ptr<MappedFile> file, MapSet maps, uint64_t checksum);
   // `expected` == nullptr: no model to compare against.
   static absl::StatusOr<std::unique_ptr<MapFile>> OpenImpl(const std::string& path,
                                                            const MapFileExpectations* expected);
 
   std::unique_ptr<MappedFile> file_;
   MapSet maps_;
+  uint64_t checksum_ = 0;
 };
 
 }  // namespace ridgeserve

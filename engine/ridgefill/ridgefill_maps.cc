@@ -2,6 +2,7 @@
 
 #include <cblas.h>
 
+#include <atomic>
 #include <cmath>
 #include <span>
 #include <string>
@@ -74,6 +75,8 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
   const bool folded = maps.kind != MapTarget::kPreNorm;
   const int32_t out_dim = maps.kind == MapTarget::kKv ? 2 * kv_dim : hidden;
   auto result = std::unique_ptr<RidgeFillMaps>(new RidgeFillMaps());
+  static std::atomic<uint64_t> next_id{1};
+  result->id_ = next_id++;
   for (const SplitMaps& split : maps.splits) {
     const int32_t s = split.split_layer;
     if (s < 0 || s + 2 > config.num_layers) {

@@ -89,9 +89,16 @@ class RidgeFillMaps {
     for (const RidgeFillSplitMaps& s : splits_) out.push_back(s.split_layer);
     return out;
   }
+  // What the engine keys its prefix cache on (with the split layer): requests filled by maps
+  // of another id never share K/V blocks. Load gives a number unique in this process;
+  // LoadRidgeFillMaps sets the map file's checksum instead (MapFile::checksum), so maps of the
+  // same contents, loaded again, share the cache and maps of other contents never do.
+  uint64_t id() const { return id_; }
+  void set_id(uint64_t id) { id_ = id; }
 
  private:
   std::vector<RidgeFillSplitMaps> splits_;
+  uint64_t id_ = 0;
 };
 
 }  // namespace ridgeserve
