@@ -29,6 +29,7 @@
 // --check: opens the map file against the model's fingerprint and prints its summary JSON;
 // exit 1 with one line naming the file when it does not fit.
 #include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <chrono>
@@ -618,6 +619,12 @@ class Calibrator {
     BlockTable table;
     std::vector<float> logits;
     std::vector<std::vector<float>> targets(num_layers);
+    // During the pass OpenBLAS runs inside our OpenMP threads, one thread each: its own
+    // pthread pool would spin against the backend's OpenMP workers on the same cores (a third
+    // of the pass went to spinning). The solve below gets its threads back.
+    const int threads =
+        absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : omp_get_num_procs();
+    openblas_set_num_threads(1);
     std::vector<std::vector<float>> attn_states(capture.depths.size());  // attention window
     int64_t done = 0;
     const auto start = Clock::now();
@@ -645,19 +652,25 @@ class Calibrator {
         const int32_t rows = count - skip;
         if (rows <= 0) continue;
         const size_t offset = static_cast<size_t>(skip) * c.hidden;
+        // Layers' targets, then splits' statistics, each independent of the others: spread
+        // over this process's threads, each running single-threaded BLAS (set below).
         for (size_t k = 0; k < kinds.size(); ++k) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
           for (int32_t l = 0; l < num_layers; ++l) {
             if (projectors[l] == nullptr) continue;
             projectors[l]->Target(kinds[k], capture.states[depth_slot[l]].data() + offset, rows,
                                   targets[l]);
           }
+          std::vector<absl::Status> added(splits.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
           for (size_t i = 0; i < splits.size(); ++i) {
             const int32_t s = splits[i];
             std::vector<const float*> ys;
             for (int32_t l = s + 2; l < num_layers; ++l) ys.push_back(targets[l].data());
-            RS_RETURN_IF_ERROR(accumulators[k][i].AddRows(
-                capture.states[depth_slot[s + 1]].data() + offset, rows, ys));
+            added[i] = accumulators[k][i].AddRows(capture.states[depth_slot[s + 1]].data() + offset,
+                                                  rows, ys);
           }
+          for (const absl::Status& status : added) RS_RETURN_IF_ERROR(status);
         }
       }
       table.Release(cache.pool());
@@ -670,6 +683,7 @@ class Calibrator {
       }
     }
     const double pass_seconds = SecondsSince(start);
+    openblas_set_num_threads(threads);
     const int32_t attn_rows = attn_window ? static_cast<int32_t>(windows.back().size()) : 0;
 
     // Solve and score: per split and target kind one Gram eigendecomposition, then every key
