@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "server/raw_messages.h"
 #include "server/request_validation.h"
 #include "server/status_conversion.h"
 #include "spdlog/spdlog.h"
@@ -10,8 +11,14 @@ namespace ridgeserve {
 
 // --- GenerateCall ---------------------------------------------------------------------------
 
-absl::Status GenerateCall::Start(const v1::GenerateRequest& request, StepSink sink) {
-  absl::Status status = Submit(request, std::move(sink));
+absl::Status GenerateCall::Start(const grpc::ByteBuffer& bytes, StepSink sink) {
+  v1::GenerateRequest request;
+  absl::Status status = ParseRequest(bytes, request);
+  if (status.ok()) {
+    status = Submit(request, std::move(sink));
+  } else {
+    spdlog::info("request refused: {}", status.ToString());
+  }
   if (!status.ok()) context_.metrics.RecordError(status.code());
   return status;
 }
@@ -93,17 +100,19 @@ void GenerateCall::OnEvent(const TokenEvent& event) {
 // --- GenerateUnaryReactor -------------------------------------------------------------------
 
 GenerateUnaryReactor::GenerateUnaryReactor(const ServingContext& context,
-                                           const v1::GenerateRequest& request,
-                                           v1::GenerateResponse* response)
-    : call_(context), response_(response) {
+                                           const grpc::ByteBuffer& request,
+                                           grpc::ByteBuffer* response)
+    : call_(context), out_(response) {
   absl::Status status =
       call_.Start(request, [this](OutputBuilder::Step step) { OnStep(std::move(step)); });
   if (!status.ok()) Finish(ToGrpcStatus(status));
 }
 
 void GenerateUnaryReactor::OnStep(OutputBuilder::Step step) {
-  MergeDelta(step.delta, *response_);
-  if (step.finished) Finish(ToGrpcStatus(step.status));
+  MergeDelta(step.delta, response_);
+  if (!step.finished) return;
+  if (step.status.ok()) *out_ = SerializeResponse(response_);
+  Finish(ToGrpcStatus(step.status));
 }
 
 void GenerateUnaryReactor::OnCancel() { call_.Cancel(); }
@@ -116,7 +125,7 @@ void GenerateUnaryReactor::OnDone() {
 // --- GenerateStreamReactor ------------------------------------------------------------------
 
 GenerateStreamReactor::GenerateStreamReactor(const ServingContext& context,
-                                             const v1::GenerateRequest& request)
+                                             const grpc::ByteBuffer& request)
     : call_(context) {
   absl::Status status =
       call_.Start(request, [this](OutputBuilder::Step step) { OnStep(std::move(step)); });
@@ -132,7 +141,7 @@ GenerateStreamReactor::GenerateStreamReactor(const ServingContext& context,
 GenerateStreamReactor::Next GenerateStreamReactor::PickNextLocked() {
   if (writing_ || finish_claimed_) return Next::kNothing;
   if (!queue_.empty() && !broken_) {
-    in_flight_ = std::move(queue_.front());
+    in_flight_ = SerializeResponse(queue_.front());
     queue_.pop_front();
     writing_ = true;
     return Next::kWrite;

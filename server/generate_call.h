@@ -42,9 +42,9 @@ struct ServingContext {
   const RidgeFillMapsManager& ridgefill;
 };
 
-// One generation request's path from the wire to the engine and back, shared by both
-// reactors. Threading: Start, Cancel and Done from gRPC threads; the sink runs on the engine
-// thread.
+// One generation request's path from the wire (raw bytes, raw_messages.h) to the engine and
+// back, shared by both reactors. Threading: Start, Cancel and Done from gRPC threads; the sink runs
+// on the engine thread.
 class GenerateCall {
  public:
   using StepSink = std::function<void(OutputBuilder::Step)>;
@@ -52,10 +52,10 @@ class GenerateCall {
   explicit GenerateCall(const ServingContext& context)
       : context_(context), metrics_(context.metrics) {}
 
-  // Validates, admits and submits. The sink then gets one step per engine event, the last
+  // Parses, validates, admits and submits. The sink then gets one step per engine event, the last
   // with finished set; it may run before Start returns. Not OK: the request was refused (and
   // counted as an error) and the sink is never called.
-  absl::Status Start(const v1::GenerateRequest& request, StepSink sink);
+  absl::Status Start(const grpc::ByteBuffer& request, StepSink sink);
   // The client is gone: end the engine request (its final event still comes).
   void Cancel();
   // The call is over (OnDone): its request_id is free again.
@@ -76,8 +76,8 @@ class GenerateCall {
 
 class GenerateUnaryReactor final : public grpc::ServerUnaryReactor {
  public:
-  GenerateUnaryReactor(const ServingContext& context, const v1::GenerateRequest& request,
-                       v1::GenerateResponse* response);
+  GenerateUnaryReactor(const ServingContext& context, const grpc::ByteBuffer& request,
+                       grpc::ByteBuffer* response);
   void OnCancel() override;
   void OnDone() override;
 
@@ -85,12 +85,13 @@ class GenerateUnaryReactor final : public grpc::ServerUnaryReactor {
   void OnStep(OutputBuilder::Step step);  // engine thread
 
   GenerateCall call_;
-  v1::GenerateResponse* response_;  // owned by gRPC; ours to fill until Finish
+  v1::GenerateResponse response_;  // engine thread
+  grpc::ByteBuffer* out_;          // owned by gRPC; ours to fill until Finish
 };
 
-class GenerateStreamReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerateStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GenerateStreamReactor(const ServingContext& context, const v1::GenerateRequest& request);
+  GenerateStreamReactor(const ServingContext& context, const grpc::ByteBuffer& request);
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
@@ -106,7 +107,7 @@ class GenerateStreamReactor final : public grpc::ServerWriteReactor<v1::Generate
   GenerateCall call_;
   std::mutex mu_;
   std::deque<v1::GenerateResponse> queue_;  // not yet written
-  v1::GenerateResponse in_flight_;  // the message being written; owned by whoever set writing_
+  grpc::ByteBuffer in_flight_;  // the message being written; owned by whoever set writing_
   bool writing_ = false;
   bool broken_ = false;  // a write failed: the client is gone, drop the rest
   bool engine_done_ = false;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "engine/tokenizer/utf8.h"
+#include "server/raw_messages.h"
 #include "server/request_validation.h"
 #include "server/status_conversion.h"
 #include "spdlog/spdlog.h"
@@ -19,69 +20,103 @@ InferenceService::InferenceService(const Model& model, Engine& engine, ServerOpt
       ridgefill_(ridgefill),
       context_{model_, engine_, options_, registry_, metrics, ridgefill_} {}
 
+namespace {
+
+// A unary method that answers at once: parses the request, lets `answer` fill the response
+// and finishes with its status.
+template <typename Request, typename Response, typename Answer>
+grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context,
+                                    const grpc::ByteBuffer& bytes, grpc::ByteBuffer* out,
+                                    Answer answer) {
+  Request request;
+  Response response;
+  absl::Status status = ParseRequest(bytes, request);
+  if (status.ok()) status = answer(request, response);
+  if (status.ok()) *out = SerializeResponse(response);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* InferenceService::Generate(grpc::CallbackServerContext* /*context*/,
-                                                     const v1::GenerateRequest* request,
-                                                     v1::GenerateResponse* response) {
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
   return new GenerateUnaryReactor(context_, *request, response);
 }
 
-grpc::ServerWriteReactor<v1::GenerateResponse>* InferenceService::GenerateStream(
-    grpc::CallbackServerContext* /*context*/, const v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* InferenceService::GenerateStream(
+    grpc::CallbackServerContext* /*context*/, const grpc::ByteBuffer* request) {
   return new GenerateStreamReactor(context_, *request);
 }
 
 grpc::ServerUnaryReactor* InferenceService::Abort(grpc::CallbackServerContext* context,
-                                                  const v1::AbortRequest* request,
-                                                  v1::AbortResponse* /*response*/) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (request->request_id().empty()) {
-    reactor->Finish(
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request_id must not be empty"));
-    return reactor;
-  }
-  absl::StatusOr<std::optional<uint64_t>> id = registry_.RequestAbort(request->request_id());
-  if (id.ok()) {
-    // Without an engine id yet, the call aborts itself as soon as it has one.
-    if (id->has_value()) engine_.Abort(**id);
-    spdlog::info("request {}: abort requested", request->request_id());
-  }
-  reactor->Finish(ToGrpcStatus(id.status()));
-  return reactor;
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return AnswerNow<v1::AbortRequest, v1::AbortResponse>(
+      context, *request, response,
+      [this](const auto& req, auto& resp) { return AnswerAbort(req, resp); });
 }
 
 grpc::ServerUnaryReactor* InferenceService::Tokenize(grpc::CallbackServerContext* context,
-                                                     const v1::TokenizeRequest* request,
-                                                     v1::TokenizeResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::StatusOr<std::vector<int32_t>> ids = TokenizeRequestInput(*request, *model_.tokenizer);
-  if (ids.ok()) {
-    for (int32_t id : *ids) {
-      response->add_token_ids(id);
-      // A token can hold part of a character; proto strings must be valid UTF-8.
-      AppendUtf8Lossy(model_.tokenizer->TokenBytes(id), /*final=*/true, response->add_tokens());
-    }
-  }
-  reactor->Finish(ToGrpcStatus(ids.status()));
-  return reactor;
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  return AnswerNow<v1::TokenizeRequest, v1::TokenizeResponse>(
+      context, *request, response,
+      [this](const auto& req, auto& resp) { return AnswerTokenize(req, resp); });
 }
 
 grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                         const v1::GetModelInfoRequest* /*request*/,
-                                                         v1::ModelInfo* response) {
+                                                         const grpc::ByteBuffer* request,
+                                                         grpc::ByteBuffer* response) {
+  return AnswerNow<v1::GetModelInfoRequest, v1::ModelInfo>(
+      context, *request, response,
+      [this](const auto& req, auto& resp) { return AnswerGetModelInfo(req, resp); });
+}
+
+absl::Status InferenceService::AnswerAbort(const v1::AbortRequest& request,
+                                           v1::AbortResponse& /*response*/) {
+  if (request.request_id().empty()) {
+    return absl::InvalidArgumentError("request_id must not be empty");
+  }
+  absl::StatusOr<std::optional<uint64_t>> id = registry_.RequestAbort(request.request_id());
+  if (id.ok()) {
+    // Without an engine id yet, the call aborts itself as soon as it has one.
+    if (id->has_value()) engine_.Abort(**id);
+    spdlog::info("request {}: abort requested", request.request_id());
+  }
+  return id.status();
+}
+
+absl::Status InferenceService::AnswerTokenize(const v1::TokenizeRequest& request,
+                                              v1::TokenizeResponse& response) const {
+  absl::StatusOr<std::vector<int32_t>> ids = TokenizeRequestInput(request, *model_.tokenizer);
+  if (!ids.ok()) return ids.status();
+  for (int32_t id : *ids) {
+    response.add_token_ids(id);
+    // A token can hold part of a character; proto strings must be valid UTF-8.
+    AppendUtf8Lossy(model_.tokenizer->TokenBytes(id), /*final=*/true, response.add_tokens());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferenceService::AnswerGetModelInfo(const v1::GetModelInfoRequest& /*request*/,
+                                                  v1::ModelInfo& response) const {
   const ModelConfig& c = model_.config;
-  response->set_model_name(c.name);
-  response->set_architecture(c.arch_name);
-  response->set_num_layers(c.num_layers);
-  response->set_hidden_size(c.hidden);
-  response->set_num_heads(c.num_heads);
-  response->set_num_kv_heads(c.num_kv_heads);
-  response->set_vocab_size(c.vocab_size);
-  response->set_context_length(c.context_length);
-  response->set_backend(options_.backend);
-  response->set_tensor_parallel(options_.tensor_parallel);
+  response.set_model_name(c.name);
+  response.set_architecture(c.arch_name);
+  response.set_num_layers(c.num_layers);
+  response.set_hidden_size(c.hidden);
+  response.set_num_heads(c.num_heads);
+  response.set_num_kv_heads(c.num_kv_heads);
+  response.set_vocab_size(c.vocab_size);
+  response.set_context_length(c.context_length);
+  response.set_backend(options_.backend);
+  response.set_tensor_parallel(options_.tensor_parallel);
   const RidgeFillMapsSnapshot maps = ridgefill_.Snapshot();
-  for (int32_t layer : maps.split_layers) response->add_ridgefill_split_layers(layer);
-  v1::RidgeFillMapsInfo& info = *response->mutable_ridgefill_maps();
+  for (int32_t layer : maps.split_layers) response.add_ridgefill_split_layers(layer);
+  v1::RidgeFillMapsInfo& info = *response.mutable_ridgefill_maps();
   // Indexed by RidgeFillMapsState.
   constexpr v1::RidgeFillMapsInfo::State kStates[] = {
       v1::RidgeFillMapsInfo::NONE, v1::RidgeFillMapsInfo::CALIBRATING,
@@ -95,10 +130,10 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
   info.set_detail(maps.unavailable);
   info.set_reloads_ok(maps.reloads_ok);
   info.set_reloads_refused(maps.reloads_refused);
-  response->set_default_exact_tail_tokens(options_.default_exact_tail_tokens);
+  response.set_default_exact_tail_tokens(options_.default_exact_tail_tokens);
 
   const EngineStats s = engine_.stats();
-  v1::ServerStats& stats = *response->mutable_stats();
+  v1::ServerStats& stats = *response.mutable_stats();
   stats.set_num_requests_running(s.num_running);
   stats.set_num_requests_waiting(s.num_waiting);
   stats.set_kv_cache_blocks_total(s.kv_blocks_total);
@@ -106,10 +141,7 @@ grpc::ServerUnaryReactor* InferenceService::GetModelInfo(grpc::CallbackServerCon
   stats.set_kv_cache_block_size(s.kv_block_size);
   stats.set_num_preemptions(s.num_preemptions);
   stats.set_num_prefix_cache_hit_tokens(s.num_prefix_hit_tokens);
-
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return absl::OkStatus();
 }
 
 void InferenceService::StartDraining() { registry_.StartDraining(); }

@@ -19,27 +19,36 @@
 
 namespace ridgeserve {
 
-class InferenceService final : public v1::Inference::CallbackService {
+// Every method takes and gives raw bytes (raw_messages.h), so that a request that does not
+// parse gets INVALID_ARGUMENT naming its message type instead of gRPC's UNIMPLEMENTED.
+using RawInferenceService = v1::Inference::WithRawCallbackMethod_Generate<
+    v1::Inference::WithRawCallbackMethod_GenerateStream<
+        v1::Inference::WithRawCallbackMethod_Abort<v1::Inference::WithRawCallbackMethod_Tokenize<
+            v1::Inference::WithRawCallbackMethod_GetModelInfo<v1::Inference::Service>>>>>;
+
+class InferenceService final : public RawInferenceService {
  public:
   // `model`, `engine`, `metrics` and `ridgefill` must outlive the service and every call on
   // it.
   InferenceService(const Model& model, Engine& engine, ServerOptions options,
                    ServerMetrics& metrics, const RidgeFillMapsManager& ridgefill);
 
+  // Each request is a serialized v1::<Method>Request, each response a serialized
+  // v1::GenerateResponse, v1::AbortResponse, v1::TokenizeResponse or v1::ModelInfo.
   grpc::ServerUnaryReactor* Generate(grpc::CallbackServerContext* context,
-                                     const v1::GenerateRequest* request,
-                                     v1::GenerateResponse* response) override;
-  grpc::ServerWriteReactor<v1::GenerateResponse>* GenerateStream(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* GenerateStream(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
-                                  const v1::AbortRequest* request,
-                                  v1::AbortResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const v1::GetModelInfoRequest* request,
-                                         v1::ModelInfo* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
   // Shutdown, in this order: StartDraining (new generation calls get UNAVAILABLE), then
   // WaitForIdle until the in-flight calls are done or the timeout passes, then AbortAll (their
@@ -52,6 +61,13 @@ class InferenceService final : public v1::Inference::CallbackService {
   int num_in_flight() const;
 
  private:
+  // The answers of the methods that answer at once, on parsed messages.
+  absl::Status AnswerAbort(const v1::AbortRequest& request, v1::AbortResponse& response);
+  absl::Status AnswerTokenize(const v1::TokenizeRequest& request,
+                              v1::TokenizeResponse& response) const;
+  absl::Status AnswerGetModelInfo(const v1::GetModelInfoRequest& request,
+                                  v1::ModelInfo& response) const;
+
   const Model& model_;
   Engine& engine_;
   const ServerOptions options_;
