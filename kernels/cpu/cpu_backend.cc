@@ -16,9 +16,22 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/row_ops.h"
+#include "kernels/cpu/simd.h"
 
 namespace ridgeserve {
 namespace {
+
+// StoreKv's conversion to the cache's type: ConvertFromFloat's rounding, vectorized.
+void Narrow(const float* src, int64_t n, DType dtype, uint8_t* dst) {
+  switch (dtype) {
+    case DType::kF16:
+      return cpu::simd::NarrowF16(src, n, dst);
+    case DType::kBF16:
+      return cpu::simd::NarrowBF16(src, n, dst);
+    default:
+      std::memcpy(dst, src, sizeof(float) * n);
+  }
+}
 
 constexpr size_t kAlignment = 64;
 
@@ -113,8 +126,8 @@ class CpuBackend final : public Backend {
       assert(slots[i] >= 0 && slots[i] < capacity);
       (void)capacity;
       const size_t offset = ElementBytes(cache.dtype) * slots[i] * width;
-      ConvertFromFloat(k + int64_t{i} * ld, width, cache.dtype, cache.k + offset);
-      ConvertFromFloat(v + int64_t{i} * ld, width, cache.dtype, cache.v + offset);
+      Narrow(k + int64_t{i} * ld, width, cache.dtype, cache.k + offset);
+      Narrow(v + int64_t{i} * ld, width, cache.dtype, cache.v + offset);
     }
   }
 

@@ -148,6 +148,46 @@ inline void WidenBF16(const uint8_t* src, int64_t n, float* dst) {
   }
 }
 
+// dst[i] = src[i] rounded to f16 / bf16 (nearest even; overflow to infinity, NaN stays NaN),
+// the bits FloatToHalf and FloatToBFloat16 (kernels/dtype.h) give, 8 at a time.
+inline void NarrowF16(const float* src, int64_t n, uint8_t* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), h);
+  }
+  for (; i < n; ++i) {
+    const uint16_t h = static_cast<uint16_t>(
+        _mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(src[i]), _MM_FROUND_TO_NEAREST_INT), 0));
+    std::memcpy(dst + 2 * i, &h, sizeof(h));
+  }
+}
+inline void NarrowBF16(const float* src, int64_t n, uint8_t* dst) {
+  auto narrow = [](__m256i bits) {
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(bits, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(bits, _mm256_set1_epi32(0x7FFFFFFF)),
+                                           _mm256_set1_epi32(0x7F800000));
+    const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(rounded, quiet, nan);
+  };
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i r = narrow(_mm256_castps_si256(_mm256_loadu_ps(src + i)));
+    // 16-bit halves of the 8 lanes, in order (packus works within 128-bit lanes).
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 2 * i), _mm256_castsi256_si128(packed));
+  }
+  for (; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, src + i, sizeof(bits));
+    const uint16_t h = static_cast<uint16_t>(
+        _mm256_extract_epi32(narrow(_mm256_set1_epi32(static_cast<int32_t>(bits))), 0));
+    std::memcpy(dst + 2 * i, &h, sizeof(h));
+  }
+}
+
 // exp(x), lane-wise, within 2 ulp of the exact value for normal results; 0 for x < -103,
 // inf for x > 88.8, NaN for NaN. exp(x) = 2^n * e^r with n = round(x / ln 2) and
 // r = x - n ln 2 (Cody-Waite split, |r| <= ln2 / 2); e^r from Cephes' expf polynomial.

@@ -375,6 +375,16 @@ TEST(DTypeTest, FloatToHalfAndBFloat16RoundToNearestEven) {
   }
   xs.insert(xs.end(), {65504.0f, 65519.996f, 65520.0f, 1e30f, -1e30f, INFINITY, -INFINITY, 0x1p-25f,
                        0x1.8p-25f, 0x1p-26f, 3.0e38f, 3.4028235e38f, -0.0f});
+  // StoreKv's vectorized narrowing gives FloatToHalf's and FloatToBFloat16's bits (NaN too).
+  std::vector<uint16_t> f16(xs.size()), bf16(xs.size());
+  cpu::simd::NarrowF16(xs.data(), static_cast<int64_t>(xs.size()),
+                       reinterpret_cast<uint8_t*>(f16.data()));
+  cpu::simd::NarrowBF16(xs.data(), static_cast<int64_t>(xs.size()),
+                        reinterpret_cast<uint8_t*>(bf16.data()));
+  for (size_t i = 0; i < xs.size(); ++i) {
+    ASSERT_EQ(f16[i], FloatToHalf(xs[i])) << xs[i];
+    ASSERT_EQ(bf16[i], FloatToBFloat16(xs[i])) << xs[i];
+  }
   for (float x : xs) {
     const float half = HalfToFloat(FloatToHalf(x));
     const float want_half = ::ridgeserve::testing::RoundToHalfReference(x);
