@@ -15,8 +15,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr int kMaxMessageBytes = 64 << 20;
-
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -62,13 +60,6 @@ void PrintSummary(const v1::GenerateResponse& r) {
 }
 
 }  // namespace
-
-std::shared_ptr<grpc::Channel> OpenChannel(const std::string& target) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  args.SetMaxSendMessageSize(kMaxMessageBytes);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-}
 
 absl::Status RunGenerate(const std::shared_ptr<grpc::Channel>& channel,
                          const v1::GenerateRequest& request, const CallOptions& options) {

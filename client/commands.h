@@ -19,8 +19,6 @@ struct CallOptions {
   bool json = false;        // print responses as JSON (field names as in the proto)
 };
 
-std::shared_ptr<grpc::Channel> OpenChannel(const std::string& target);
-
 // Prints the whole text (or the response as JSON), then a one-line summary on stderr.
 absl::Status RunGenerate(const std::shared_ptr<grpc::Channel>& channel,
                          const v1::GenerateRequest& request, const CallOptions& options);

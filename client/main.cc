@@ -6,6 +6,7 @@
 //   ridgeserve-cli tokenize [flags] [TEXT...]
 //   ridgeserve-cli abort REQUEST_ID                ends a live request
 // The prompt is the words after the subcommand, else --prompt, else --file, else stdin.
+// --tls, --tls_ca, --tls_cert/--tls_key and --auth_token(_file) reach a server that wants them.
 // On error prints "CODE: message" of the gRPC status to stderr and exits with the code's
 // number (INVALID_ARGUMENT = 3, UNAVAILABLE = 14, ...).
 #include <cstdint>
@@ -19,6 +20,8 @@
 #include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/channel.h"
+#include "client/channel_flags.h"
 #include "client/cli_parsing.h"
 #include "client/commands.h"
 #include "engine/common/status_macros.h"
@@ -149,7 +152,8 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& pos
   CallOptions options;
   options.deadline_ms = absl::GetFlag(FLAGS_deadline_ms);
   options.json = absl::GetFlag(FLAGS_json);
-  std::shared_ptr<grpc::Channel> channel = OpenChannel(absl::GetFlag(FLAGS_target));
+  RS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                      OpenChannel(absl::GetFlag(FLAGS_target), ChannelSecurityFromFlags()));
   if (command == "generate" || command == "stream") {
     RS_ASSIGN_OR_RETURN(v1::GenerateRequest request, BuildGenerateRequest(positional, stop_flags));
     return command == "generate" ? RunGenerate(channel, request, options)

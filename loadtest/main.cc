@@ -25,7 +25,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "client/commands.h"
+#include "client/channel.h"
+#include "client/channel_flags.h"
 #include "engine/common/status_macros.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "loadtest/length_distribution.h"
@@ -258,7 +259,8 @@ absl::Status Run() {
         "--text FILE is required (real prose, e.g. /usr/share/common-licenses/GPL-3)");
   }
 
-  std::shared_ptr<grpc::Channel> channel = OpenChannel(absl::GetFlag(FLAGS_target));
+  RS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                      OpenChannel(absl::GetFlag(FLAGS_target), ChannelSecurityFromFlags()));
   std::unique_ptr<v1::Inference::Stub> stub = v1::Inference::NewStub(channel);
   RunReport report;
   report.config = ConfigJson(workload, phases.front().arrival);

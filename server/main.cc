@@ -1,10 +1,11 @@
 // ridgeserve: the gRPC inference server. main() is lifecycle only: parse flags, load the
 // model, start the endpoints, warm up, serve until SIGTERM/SIGINT, drain with a timeout, stop.
-// SIGHUP reloads --ridgefill_maps (RidgeFillMapsManager).
+// SIGHUP reloads --ridgefill_maps (RidgeFillMapsManager) and --auth_token_file.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -13,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/common/status_macros.h"
@@ -22,9 +24,11 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "server/bearer_token_auth.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
 #include "server/ridgefill_maps_manager.h"
+#include "server/server_credentials.h"
 #include "server/server_options.h"
 #include "server/shutdown_signal.h"
 #include "server/warm_up.h"
@@ -54,6 +58,32 @@ ABSL_FLAG(int32_t, metrics_port, 9400,
           "Prometheus /metrics port (0: pick a free one, the log says which; -1: no metrics "
           "endpoint)");
 ABSL_FLAG(std::string, metrics_host, "", "address /metrics listens on (empty: the same as --host)");
+// Security: TLS, mutual TLS and bearer tokens on the gRPC port (not on /metrics).
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain of the gRPC port (with --tls_key: TLS; empty: plaintext)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (not encrypted)");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA certificates: clients must present a certificate they signed (mutual TLS)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "bearer tokens, one a line: every call must send the metadata \"authorization: Bearer "
+          "TOKEN\" with one of them, else UNAUTHENTICATED (empty: no token check). SIGHUP "
+          "rereads it");
+ABSL_FLAG(bool, auth_exempt_health, true,
+          "with --auth_token_file: grpc.health.v1.Health needs no token (Kubernetes probes)");
+ABSL_FLAG(bool, auth_exempt_reflection, false,
+          "with --auth_token_file: server reflection needs no token");
+// Limits of a request and of a connection.
+ABSL_FLAG(int32_t, max_prompt_tokens, 0,
+          "prompts over this many tokens get OUT_OF_RANGE (0: only the model context limits)");
+ABSL_FLAG(int32_t, max_stop_strings, ridgeserve::kMaxStopStrings,
+          "stop strings a request may have (more: INVALID_ARGUMENT)");
+ABSL_FLAG(int32_t, max_stop_string_bytes, ridgeserve::kMaxStopStringBytes,
+          "bytes a stop string may have (longer: INVALID_ARGUMENT)");
+ABSL_FLAG(int32_t, max_request_bytes, 4 << 20,
+          "largest request message gRPC accepts (larger: RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int32_t, max_concurrent_streams, 100,
+          "calls one client connection may have open at once (HTTP/2 "
+          "SETTINGS_MAX_CONCURRENT_STREAMS; the client queues the others)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu or cuda");
 ABSL_FLAG(int32_t, tensor_parallel, 1, "GPUs to shard the model over");
 ABSL_FLAG(int32_t, max_batch_tokens, 2048, "token budget of one engine step (prefill + decode)");
@@ -85,7 +115,7 @@ constexpr absl::Duration kWarmUpTimeout = absl::Minutes(10);
 // gRPC to cancel whatever is left.
 constexpr absl::Duration kAbortGrace = absl::Seconds(3);
 constexpr absl::Duration kShutdownGrace = absl::Seconds(1);
-constexpr int kMaxMessageBytes = 64 << 20;  // long prompts as text or token ids
+constexpr int kMaxResponseBytes = 64 << 20;  // long completions with logprobs
 
 absl::Status CheckFlags() {
   const std::string backend = absl::GetFlag(FLAGS_backend);
@@ -124,6 +154,67 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError("--shutdown_timeout_s must be >= 0");
   }
   return absl::OkStatus();
+}
+
+// The limit flags; an error is a usage error (exit code 2).
+absl::Status CheckLimitFlags() {
+  for (const auto& [name, value, least] :
+       {std::tuple{"max_prompt_tokens", absl::GetFlag(FLAGS_max_prompt_tokens), 0},
+        std::tuple{"max_stop_strings", absl::GetFlag(FLAGS_max_stop_strings), 0},
+        std::tuple{"max_stop_string_bytes", absl::GetFlag(FLAGS_max_stop_string_bytes), 1},
+        std::tuple{"max_request_bytes", absl::GetFlag(FLAGS_max_request_bytes), 1},
+        std::tuple{"max_concurrent_streams", absl::GetFlag(FLAGS_max_concurrent_streams), 1}}) {
+    if (value < least) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " must be >= ", least, ", got ", value));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The gRPC port's credentials and token check, from the security flags; read before the model
+// loads, and an error is a usage error (exit code 2).
+struct PortSecurity {
+  std::shared_ptr<BearerTokenAuth> auth;  // null without --auth_token_file
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::string description;  // for the log
+};
+
+absl::StatusOr<PortSecurity> PortSecurityFromFlags() {
+  PortSecurity security;
+  const TlsFiles tls{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                     absl::GetFlag(FLAGS_tls_client_ca)};
+  security.description = tls.tls_cert.empty()        ? "plaintext"
+                         : tls.tls_client_ca.empty() ? "TLS"
+                                                     : "mutual TLS";
+  if (const std::string file = absl::GetFlag(FLAGS_auth_token_file); !file.empty()) {
+    std::vector<std::string> exempt;
+    if (absl::GetFlag(FLAGS_auth_exempt_health)) exempt.push_back("grpc.health.v1.Health");
+    if (absl::GetFlag(FLAGS_auth_exempt_reflection)) {
+      exempt.push_back("grpc.reflection.v1alpha.ServerReflection");
+    }
+    absl::StatusOr<std::unique_ptr<BearerTokenAuth>> auth = BearerTokenAuth::Create(file, exempt);
+    if (!auth.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--auth_token_file ", auth.status().message()));
+    }
+    security.auth = std::move(*auth);
+    absl::StrAppend(&security.description, ", bearer tokens (", security.auth->num_tokens(),
+                    " from ", file, exempt.empty() ? "" : "; exempt: ", absl::StrJoin(exempt, ", "),
+                    ")");
+  }
+  RS_ASSIGN_OR_RETURN(security.credentials, CreateServerCredentials(tls, security.auth));
+  return security;
+}
+
+// SIGHUP: a token file that does not read or holds no token leaves the tokens in use.
+void ReloadTokens(BearerTokenAuth& auth) {
+  if (absl::Status status = auth.Reload(); !status.ok()) {
+    spdlog::warn("auth tokens reload refused, keeping {} token(s): {}", auth.num_tokens(),
+                 std::string(status.message()));
+    return;
+  }
+  spdlog::info("auth tokens reloaded: {} token(s) from {}", auth.num_tokens(), auth.token_file());
 }
 
 std::string ListenAddress(const std::string& host, int32_t port) {
@@ -171,7 +262,7 @@ void Drain(InferenceService& service, grpc::Server& server, const ShutdownSignal
   server.Wait();
 }
 
-absl::Status Serve(ShutdownSignal& signals) {
+absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   RS_RETURN_IF_ERROR(CheckFlags());
   if (!absl::GetFlag(FLAGS_draft_model).empty()) {
     spdlog::warn("--draft_model: SpecPC / SpecKV are not implemented yet; not loaded");
@@ -225,7 +316,10 @@ absl::Status Serve(ShutdownSignal& signals) {
   maps_options.default_split_layer = absl::GetFlag(FLAGS_default_split_layer);
   RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMapsManager> maps,
                       RidgeFillMapsManager::Create(*model, *engine, maps_options));
-  signals.SetReloadHandler([&maps = *maps] { maps.RequestReload(); });
+  signals.SetReloadHandler([&maps = *maps, auth = security.auth] {
+    maps.RequestReload();
+    if (auth != nullptr) ReloadTokens(*auth);
+  });
   // Before `maps` goes: no SIGHUP may reach it afterwards.
   struct ClearReloadHandler {
     ShutdownSignal& signals;
@@ -236,6 +330,9 @@ absl::Status Serve(ShutdownSignal& signals) {
   options.backend = absl::GetFlag(FLAGS_backend);
   options.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
   options.default_exact_tail_tokens = absl::GetFlag(FLAGS_default_exact_tail_tokens);
+  options.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  options.max_stop_strings = absl::GetFlag(FLAGS_max_stop_strings);
+  options.max_stop_string_bytes = absl::GetFlag(FLAGS_max_stop_string_bytes);
   ServerMetrics metrics(
       [&engine = *engine] { return engine.stats(); },
       {RIDGESERVE_VERSION, model->config.name, options.backend, options.tensor_parallel});
@@ -248,13 +345,15 @@ absl::Status Serve(ShutdownSignal& signals) {
   grpc::ServerBuilder builder;
   const std::string host = absl::GetFlag(FLAGS_host);
   int port = 0;
-  builder.AddListeningPort(ListenAddress(host, absl::GetFlag(FLAGS_port)),
-                           grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(ListenAddress(host, absl::GetFlag(FLAGS_port)), security.credentials,
+                           &port);
   builder.RegisterService(&service);
   // A second server on a busy port must fail, not share the port with the first.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_request_bytes));
+  builder.SetMaxSendMessageSize(kMaxResponseBytes);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                             absl::GetFlag(FLAGS_max_concurrent_streams));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(
@@ -263,7 +362,8 @@ absl::Status Serve(ShutdownSignal& signals) {
   // gRPC's health service starts out SERVING; it is not until the warm-up ran.
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(false);
-  spdlog::info("listening on {} (health NOT_SERVING until warmed up)", ListenAddress(host, port));
+  spdlog::info("listening on {} ({}; health NOT_SERVING until warmed up)",
+               ListenAddress(host, port), security.description);
 
   if (absl::Status warm = WarmUp(*engine, *model, kWarmUpTimeout); !warm.ok()) {
     server->Shutdown(absl::ToChronoTime(absl::Now()));
@@ -293,7 +393,14 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("ridgeserve"));
 
-  if (absl::Status status = ridgeserve::Serve(signals); !status.ok()) {
+  // Usage errors in the security and limit flags: one line, exit code 2.
+  absl::StatusOr<ridgeserve::PortSecurity> security = ridgeserve::PortSecurityFromFlags();
+  if (absl::Status usage = security.ok() ? ridgeserve::CheckLimitFlags() : security.status();
+      !usage.ok()) {
+    spdlog::error("{}", std::string(usage.message()));
+    return 2;
+  }
+  if (absl::Status status = ridgeserve::Serve(signals, *security); !status.ok()) {
     spdlog::error("{}", status.ToString());
     return 1;
   }

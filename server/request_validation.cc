@@ -28,7 +28,8 @@ absl::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids,
   return absl::OkStatus();
 }
 
-absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab, SamplingParams& out,
+absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab,
+                              const ServerOptions& options, SamplingParams& out,
                               std::vector<std::string>& stop) {
   if (s.has_temperature()) {
     const float t = s.temperature();
@@ -79,15 +80,17 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab, Sampli
                                                    kMaxNewTokensLimit, "], got ",
                                                    s.max_new_tokens()));
   }
-  if (s.stop_size() > kMaxStopStrings) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sampling.stop has ", s.stop_size(), " strings; at most ", kMaxStopStrings));
+  if (s.stop_size() > options.max_stop_strings) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.stop has ", s.stop_size(),
+                                                   " strings; at most ", options.max_stop_strings,
+                                                   " (--max_stop_strings)"));
   }
   for (int i = 0; i < s.stop_size(); ++i) {
     const size_t n = s.stop(i).size();
-    if (n < 1 || n > kMaxStopStringBytes) {
+    if (n < 1 || n > static_cast<size_t>(options.max_stop_string_bytes)) {
       return absl::InvalidArgumentError(absl::StrCat("sampling.stop[", i, "] must be 1..",
-                                                     kMaxStopStringBytes, " bytes, got ", n));
+                                                     options.max_stop_string_bytes,
+                                                     " bytes (--max_stop_string_bytes), got ", n));
     }
     stop.push_back(s.stop(i));
   }
@@ -224,11 +227,17 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const v1::GenerateReque
   }
   out.request_id = request.request_id();
   const int32_t vocab = UsableVocab(tokenizer, config);
-  RS_RETURN_IF_ERROR(ValidateSampling(request.sampling(), vocab, out.engine.sampling, out.stop));
+  RS_RETURN_IF_ERROR(
+      ValidateSampling(request.sampling(), vocab, options, out.engine.sampling, out.stop));
   RS_RETURN_IF_ERROR(ValidatePrefill(request.prefill(), options));
   RS_ASSIGN_OR_RETURN(out.engine.prompt, PromptIds(request, tokenizer, vocab));
 
   const int64_t prompt_len = static_cast<int64_t>(out.engine.prompt.size());
+  if (options.max_prompt_tokens > 0 && prompt_len > options.max_prompt_tokens) {
+    return absl::OutOfRangeError(
+        absl::StrCat("prompt (", prompt_len, " tokens) exceeds this server's limit of ",
+                     options.max_prompt_tokens, " tokens a request (--max_prompt_tokens)"));
+  }
   const int64_t context = config.context_length;
   if (request.sampling().has_max_new_tokens()) {
     const int32_t max_new = request.sampling().max_new_tokens();

@@ -1,8 +1,8 @@
 // Turns a GenerateRequest / TokenizeRequest from the wire into what the engine takes: checks
 // every field against the documented limits (INVALID_ARGUMENT naming the field, e.g.
 // "sampling.top_p must be in (0, 1], got 1.5"), tokenizes the input, and checks the prompt
-// against the model's context (OUT_OF_RANGE). Prefill modes the server cannot run are
-// FAILED_PRECONDITION. Pure functions: no engine, no gRPC; safe from any thread.
+// against the model's context and --max_prompt_tokens (OUT_OF_RANGE). Prefill modes the server
+// cannot run are FAILED_PRECONDITION. Pure functions: no engine, no gRPC; safe from any thread.
 #ifndef RIDGESERVE_SERVER_REQUEST_VALIDATION_H_
 #define RIDGESERVE_SERVER_REQUEST_VALIDATION_H_
 
@@ -21,8 +21,6 @@ namespace ridgeserve {
 
 inline constexpr int32_t kDefaultMaxNewTokens = 256;
 inline constexpr int32_t kMaxNewTokensLimit = 1 << 20;  // 1048576
-inline constexpr int kMaxStopStrings = 16;
-inline constexpr int kMaxStopStringBytes = 256;
 inline constexpr int kMaxRequestIdBytes = 256;
 
 struct ValidatedRequest {
@@ -30,7 +28,7 @@ struct ValidatedRequest {
   // Prompt ids, sampling, max_new_tokens, priority and logprobs; on_event is left empty for
   // the caller to set.
   EngineRequest engine;
-  std::vector<std::string> stop;  // stop strings, each 1..256 bytes
+  std::vector<std::string> stop;  // stop strings, each 1..options.max_stop_string_bytes bytes
 };
 
 // The prompt of a GenerateRequest:

@@ -9,11 +9,20 @@
 
 namespace ridgeserve {
 
+// Defaults of --max_stop_strings and --max_stop_string_bytes.
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr int kMaxStopStringBytes = 256;
+
 struct ServerOptions {
   std::string backend = "cpu";  // reported by GetModelInfo
   int32_t tensor_parallel = 1;
   // RidgeFill: tokens at the end of the prompt that run exactly when a request does not say.
   int32_t default_exact_tail_tokens = 1024;
+  // Limits of one request (--max_prompt_tokens, --max_stop_strings, --max_stop_string_bytes);
+  // a request over one is refused with a status naming the flag.
+  int32_t max_prompt_tokens = 0;  // 0: the model's context is the only limit
+  int32_t max_stop_strings = kMaxStopStrings;
+  int32_t max_stop_string_bytes = kMaxStopStringBytes;
   // RidgeFill, as of the request (the maps may be swapped while serving: GenerateCall fills
   // these from a RidgeFillMapsManager snapshot). Split layers of the loaded maps; empty: none
   // loaded, RIDGEFILL is refused with FAILED_PRECONDITION saying ridgefill_unavailable.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -114,16 +115,28 @@ _SERVERS: list["Server"] = []
 
 
 class Server:
-    """One ridgeserve process on 127.0.0.1 with free ports. Use as a context manager."""
+    """One ridgeserve process on 127.0.0.1 with free ports. Use as a context manager.
+
+    port0: the server picks its own ports (--port=0 --metrics_port=0) and the log says which,
+    so no other process can take them between the choice and the bind. credentials (for a TLS
+    server) and metadata (e.g. a bearer token) are what the harness's own calls use."""
 
     def __init__(self, *extra_args: str, threads: int = 2, ready_timeout_s: float = 120.0,
-                 name: str = "server"):
+                 name: str = "server", port0: bool = False,
+                 credentials: grpc.ChannelCredentials | None = None,
+                 metadata: tuple = ()):
         if not os.path.exists(SERVER_BIN):
             raise FileNotFoundError(f"{SERVER_BIN} not built")
-        self.port = free_port()
-        self.metrics_port = free_port()
-        while self.metrics_port == self.port:
+        self.port0 = port0
+        self.credentials = credentials
+        self.metadata = tuple(metadata)
+        if port0:
+            self.port = self.metrics_port = 0
+        else:
+            self.port = free_port()
             self.metrics_port = free_port()
+            while self.metrics_port == self.port:
+                self.metrics_port = free_port()
         self.target = f"127.0.0.1:{self.port}"
         self.args = [
             SERVER_BIN,
@@ -159,7 +172,9 @@ class Server:
             self.args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
         )
         atexit.register(self.kill)
-        self.channel = grpc.insecure_channel(self.target)
+        if self.port0:
+            self._read_ports(self.ready_timeout_s)
+        self.channel = self.new_channel()
         self.stub = pb_grpc.InferenceStub(self.channel)
         self.health = health_pb2_grpc.HealthStub(self.channel)
         t0 = time.monotonic()
@@ -176,7 +191,8 @@ class Server:
                     f"ridgeserve exited with {self.proc.returncode} before serving\n"
                     + self.log_tail())
             try:
-                resp = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+                resp = self.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2,
+                                         metadata=self.metadata)
                 last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
                 if resp.status == health_pb2.HealthCheckResponse.SERVING:
                     return
@@ -185,6 +201,25 @@ class Server:
             time.sleep(0.25)
         raise TimeoutError(f"server not SERVING after {timeout_s} s (last: {last})\n"
                            + self.log_tail())
+
+    def _read_ports(self, timeout_s: float):
+        """With port0: the ports from the log's "metrics on" and "listening on" lines."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ridgeserve exited with {self.proc.returncode} before "
+                                   f"listening\n" + self.log_tail())
+            with open(self.log.name, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+            listening = re.search(r"listening on \S+:(\d+) ", text)
+            metrics = re.search(r"metrics on http://\S+:(\d+)/metrics", text)
+            if listening:
+                self.port = int(listening.group(1))
+                self.metrics_port = int(metrics.group(1)) if metrics else -1
+                self.target = f"127.0.0.1:{self.port}"
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"no 'listening on' line after {timeout_s} s\n" + self.log_tail())
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -234,18 +269,22 @@ class Server:
             text[-lines:])
 
     # -- helpers
-    def new_channel(self) -> grpc.Channel:
-        return grpc.insecure_channel(self.target)
+    def new_channel(self, options=()) -> grpc.Channel:
+        if self.credentials is not None:
+            return grpc.secure_channel(self.target, self.credentials, options=options)
+        return grpc.insecure_channel(self.target, options=options)
 
     def info(self):
-        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10)
+        return self.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10,
+                                      metadata=self.metadata)
 
     def stats(self):
         return self.info().stats
 
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         r = self.stub.Tokenize(
-            pb.TokenizeRequest(text=text, add_special_tokens=add_special_tokens), timeout=30)
+            pb.TokenizeRequest(text=text, add_special_tokens=add_special_tokens), timeout=30,
+            metadata=self.metadata)
         return list(r.token_ids)
 
     def wait_idle(self, free_blocks: int, timeout_s: float = 20.0, what: str = ""):
