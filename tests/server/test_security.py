@@ -367,9 +367,9 @@ def check_limits(srv):
     stub = srv.stub
 
     def both(what, req, want, *needles):
-        expect_status(f"{what} (Generate)",
-                      call_code(lambda: stub.Generate(req, timeout=60, metadata=token)), want,
-                      *needles)
+        got = call_code(lambda: stub.Generate(req, timeout=60, metadata=token))
+        print(f"  {what}: {got[0].name}: {got[1]}")
+        expect_status(f"{what} (Generate)", got, want, *needles)
         r = consume_stream(stub.GenerateStream(req, timeout=60, metadata=token))
         expect_status(f"{what} (GenerateStream)", (r.code, r.details), want, *needles)
 
