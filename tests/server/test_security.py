@@ -12,10 +12,11 @@ port:
     without one or with the other CA's it fails; so does ridgeserve-cli without --tls_cert.
   * plain: plaintext with bearer tokens (health exempt by default, reflection not) and small
     limits. Missing, wrong and non-Bearer tokens get UNAUTHENTICATED with their reason on every
-    method; SIGHUP rereads the token file (a new token works, the old one stops, an empty file
-    is refused and the tokens stay). Over --max_prompt_tokens: OUT_OF_RANGE; over
-    --max_stop_strings / --max_stop_string_bytes: INVALID_ARGUMENT; over --max_request_bytes:
-    RESOURCE_EXHAUSTED; a request that can never fit the KV cache: OUT_OF_RANGE at admission,
+    method (also on a method that does not exist: the check comes first, and a service named
+    like the health service is not exempt); SIGHUP rereads the token file (a new token works,
+    the old one stops, an empty file is refused and the tokens stay). Over --max_prompt_tokens:
+    OUT_OF_RANGE; over --max_stop_strings / --max_stop_string_bytes: INVALID_ARGUMENT; over
+    --max_request_bytes: RESOURCE_EXHAUSTED; a request that can never fit the KV cache: OUT_OF_RANGE at admission,
     each naming the limit, with the values at each limit accepted. --max_concurrent_streams 2:
     three streams on one connection never have more than two in the server, the third starts
     after one ends, all complete. --metrics_host puts /metrics on 127.0.0.2 only. Afterwards the
@@ -339,6 +340,14 @@ def check_tokens(srv, tokens):
                       "missing bearer token")
     expect_eq(health(ch).status, health_pb2.HealthCheckResponse.SERVING,
               "health without a token (exempt by default)")
+    # The exemption is the whole service name, and the check comes before method routing.
+    look_alike = ch.unary_unary("/grpc.health.v1.HealthX/Check")
+    expect_status("a look-alike of the health service without a token",
+                  call_code(lambda: look_alike(b"", timeout=10)), SC.UNAUTHENTICATED,
+                  "missing bearer token")
+    expect_status("the look-alike with a token",
+                  call_code(lambda: look_alike(b"", timeout=10, metadata=bearer(TOKEN_A))),
+                  SC.UNIMPLEMENTED)
 
 
 def check_sighup(srv, tokens):
