@@ -162,8 +162,8 @@ def list_services(channel, metadata=()):
     return [s.name for r in replies for s in r.list_services_response.service]
 
 
-def run_tool(args, timeout=120):
-    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+def run_tool(args, timeout=120, env=None):
+    p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -251,6 +251,12 @@ def check_tls(checks, pki, tokens):
                    f"cli without a token: rc {rc} {err!r}")
             rc, _, err = cli(srv, f"--auth_token={TOKEN_A}", "info")
             expect_eq(rc, 14, f"cli in plaintext to the TLS server: {err!r}")
+            # --tls: the default roots, which gRPC lets this variable name.
+            rc, _, err = run_tool([CLI_BIN, f"--target={srv.target}", "--tls",
+                                   f"--auth_token={TOKEN_A}", "info"],
+                                  env={**os.environ,
+                                       "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": pki.path(pki.ca)})
+            expect_eq(rc, 0, f"cli --tls with the CA as the default roots: {err!r}")
             rc, _, err = cli(srv, f"--tls_ca={pki.path(pki.ca)}", f"--auth_token={TOKEN_A}",
                              f"--auth_token_file={tmp_token_file}", "info")
             expect(rc == 3 and "not both" in err, f"cli with two tokens: rc {rc} {err!r}")
