@@ -207,7 +207,8 @@ absl::StatusOr<PortSecurity> PortSecurityFromFlags() {
   return security;
 }
 
-// SIGHUP: a token file that does not read or holds no token leaves the tokens in use.
+// SIGHUP: a token file that does not read or holds no token leaves the tokens in use. Runs in
+// the reload handler on the signal thread: a token file is a few lines, read there.
 void ReloadTokens(BearerTokenAuth& auth) {
   if (absl::Status status = auth.Reload(); !status.ok()) {
     spdlog::warn("auth tokens reload refused, keeping {} token(s): {}", auth.num_tokens(),
