@@ -3,6 +3,7 @@
 // SIGHUP reloads --ridgefill_maps (RidgeFillMapsManager) and --auth_token_file.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -23,7 +24,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "kernels/cpu/cpu_backend.h"
+#include "kernels/backend_registry.h"
 #include "server/bearer_token_auth.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
@@ -119,11 +120,7 @@ constexpr int kMaxResponseBytes = 64 << 20;  // long completions with logprobs
 
 absl::Status CheckFlags() {
   const std::string backend = absl::GetFlag(FLAGS_backend);
-  if (backend == "cuda") {
-    return absl::UnimplementedError(
-        "--backend cuda: the CUDA backend is not built into this binary");
-  }
-  if (backend != "cpu") {
+  if (backend != "cpu" && backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda, got ", backend));
   }
   if (absl::GetFlag(FLAGS_tensor_parallel) != 1) {
@@ -272,10 +269,20 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   RS_ASSIGN_OR_RETURN(const cpu::Isa isa, cpu::IsaFromEnvironment());
   RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
                       cpu::ParseActivations(absl::GetFlag(FLAGS_cpu_activations)));
-  spdlog::info("cpu kernels: {} path (from CPUID; RIDGESERVE_CPU_ISA overrides), {} activations",
-               cpu::IsaName(isa), cpu::ActivationsName(activations));
-  std::unique_ptr<Backend> backend =
-      CreateCpuBackend(absl::GetFlag(FLAGS_threads), isa, activations);
+  if (absl::GetFlag(FLAGS_backend) == "cpu") {
+    spdlog::info("cpu kernels: {} path (from CPUID; RIDGESERVE_CPU_ISA overrides), {} activations",
+                 cpu::IsaName(isa), cpu::ActivationsName(activations));
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> created = CreateBackend(
+      absl::GetFlag(FLAGS_backend),
+      {.num_threads = absl::GetFlag(FLAGS_threads), .isa = isa, .activations = activations});
+  if (!created.ok()) {
+    // A backend this binary or machine lacks ("no CUDA device visible"): one line, exit 2.
+    spdlog::error("--backend {}: {}", absl::GetFlag(FLAGS_backend),
+                  std::string(created.status().message()));
+    std::exit(2);
+  }
+  std::unique_ptr<Backend> backend = std::move(*created);
   const std::string model_path = absl::GetFlag(FLAGS_model);
   const absl::Time load_start = absl::Now();
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(model_path, *backend));

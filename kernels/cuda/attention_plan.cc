@@ -1,0 +1,34 @@
+#include "kernels/cuda/attention_plan.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace ridgeserve::cuda {
+
+absl::StatusOr<AttentionPlan> PlanAttention(int32_t num_rows, int32_t num_heads,
+                                            int32_t num_kv_heads, int32_t head_dim) {
+  if (head_dim <= 0 || head_dim % 32 != 0 || head_dim > kMaxHeadDim) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA attention: head_dim ", head_dim,
+                                                   " is not a multiple of 32 up to ", kMaxHeadDim));
+  }
+  if (num_kv_heads <= 0 || num_heads <= 0 || num_heads % num_kv_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA attention: ", num_heads, " query heads over ", num_kv_heads, " KV heads"));
+  }
+  const int group = num_heads / num_kv_heads;
+  if (group > kMaxGroup) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA attention: ", group, " query heads per KV head (at most ", kMaxGroup, ")"));
+  }
+  AttentionPlan plan;
+  plan.split = num_rows <= kSplitMaxRows;
+  plan.threads = 32 * group;
+  plan.shared_bytes = AttentionSharedBytes(group, head_dim);
+  if (plan.split) {
+    plan.workspace_bytes = sizeof(float) * static_cast<size_t>(num_rows) * num_heads * kSplitSlots *
+                           StateFloats(head_dim);
+  }
+  return plan;
+}
+
+}  // namespace ridgeserve::cuda

@@ -1,0 +1,413 @@
+// The CUDA backend: device memory from cudaMalloc, one stream, bf16 weights, cuBLASLt for
+// Linear and our kernels (one op per .cu, launchers in the headers included below) for the rest.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/add.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_plan.h"
+#include "kernels/cuda/convert.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/embed.h"
+#include "kernels/cuda/gather_rows.h"
+#include "kernels/cuda/linear.h"
+#include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/rope.h"
+#include "kernels/cuda/store_kv.h"
+#include "kernels/cuda/swiglu.h"
+#include "kernels/dtype.h"
+
+namespace ridgeserve {
+namespace {
+
+// A packed weight: [rows, cols] bf16 (uint16_t bits), rows cols apart, in device memory.
+class CudaWeight final : public WeightStorage {
+ public:
+  explicit CudaWeight(DeviceBuffer data) : data_(std::move(data)) {}
+  const uint16_t* data() const { return data_.as<const uint16_t>(); }
+  uint16_t* mutable_data() { return data_.as<uint16_t>(); }
+
+ private:
+  DeviceBuffer data_;
+};
+
+int KvDTypeCode(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return 0;
+    case DType::kF16:
+      return 1;
+    case DType::kBF16:
+      return 2;
+    default:
+      cuda::Fatal(absl::InvalidArgumentError("CUDA backend: a KV cache must be F32, F16 or BF16"));
+  }
+}
+
+float Bf16ToFloat(uint16_t bits) {
+  const uint32_t wide = uint32_t{bits} << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend(int device, cudaStream_t stream) : device_(device), stream_(stream) {}
+  ~CudaBackend() override {
+    cudaSetDevice(device_);
+    cudaStreamSynchronize(stream_);
+    linear_.reset();
+    // Buffers free through FreeRaw, which needs this object alive: release them here.
+    gemm_workspace_ = DeviceBuffer();
+    x_bf16_ = DeviceBuffer();
+    y_scratch_ = DeviceBuffer();
+    attention_workspace_ = DeviceBuffer();
+    pack_device_ = DeviceBuffer();
+    if (pack_host_ != nullptr) cudaFreeHost(pack_host_);
+    cudaStreamDestroy(stream_);
+  }
+
+  // Called once by CreateCudaBackend.
+  absl::Status Init() {
+    absl::StatusOr<DeviceBuffer> ws = Alloc(cuda::kGemmWorkspaceBytes);
+    if (!ws.ok()) return ws.status();
+    gemm_workspace_ = std::move(*ws);
+    absl::StatusOr<std::unique_ptr<cuda::CublasLinear>> linear =
+        cuda::CublasLinear::Create(gemm_workspace_.as<void>(), stream_);
+    if (!linear.ok()) return linear.status();
+    linear_ = std::move(*linear);
+    CUDA_RETURN_IF_ERROR(cuda::PrepareAttentionKernels());
+    return absl::OkStatus();
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  DType DefaultKvCacheDType() const override { return DType::kBF16; }
+  int device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+  absl::StatusOr<DeviceBuffer> Alloc(size_t bytes) override {
+    if (bytes == 0) return DeviceBuffer();
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    void* data = nullptr;
+    const cudaError_t error = cudaMalloc(&data, bytes);
+    if (error != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky allocation error
+      size_t free_bytes = 0, total_bytes = 0;
+      cudaMemGetInfo(&free_bytes, &total_bytes);
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cannot allocate ", bytes, " bytes of device memory on GPU ", device_, " (", free_bytes,
+          " of ", total_bytes, " bytes free): ", cudaGetErrorString(error)));
+    }
+    return DeviceBuffer(this, data, bytes);
+  }
+  void FreeRaw(void* data) override {
+    cudaSetDevice(device_);
+    // cudaFree waits for the device first, so queued kernels using the buffer finish.
+    CUDA_CHECK(cudaFree(data));
+  }
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    SetDevice();
+    // From pageable memory this returns once `src` is staged, so the caller may reuse it.
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+  }
+  void CopyToHost(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    SetDevice();
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void Synchronize() override {
+    SetDevice();
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) override {
+    if (parts.empty()) return absl::InvalidArgumentError("PackWeight: no parts");
+    const int64_t cols = parts[0].cols;
+    int64_t rows = 0;
+    for (const HostTensor& part : parts) {
+      if (part.cols != cols) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("PackWeight: parts have ", cols, " and ", part.cols, " columns"));
+      }
+      if (part.dtype == DType::kI32) {
+        return absl::UnimplementedError("PackWeight: I32 is not a weight type");
+      }
+      absl::StatusOr<size_t> stored = StorageBytes(part.dtype, part.cols);
+      if (!stored.ok()) {
+        return absl::Status(stored.status().code(),
+                            absl::StrCat("PackWeight: ", stored.status().message()));
+      }
+      if (part.row_bytes < *stored) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("PackWeight: rows ", part.row_bytes, " bytes apart hold ", *stored));
+      }
+      rows += part.rows;
+    }
+    const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(rows) * cols;
+    absl::StatusOr<DeviceBuffer> buffer = Alloc(bytes);
+    if (!buffer.ok()) {
+      return absl::Status(buffer.status().code(),
+                          absl::StrCat("PackWeight: [", rows, ", ", cols,
+                                       "] bf16 weight: ", buffer.status().message()));
+    }
+    auto weight = std::make_unique<CudaWeight>(std::move(*buffer));
+    // Rows per upload: as many f32 rows as kPackChunkBytes holds (at least one).
+    const int64_t chunk_rows =
+        std::max<int64_t>(1, static_cast<int64_t>(kPackChunkBytes / (sizeof(float) * cols)));
+    if (absl::Status s = EnsurePackStaging(sizeof(float) * chunk_rows * cols); !s.ok()) return s;
+    int64_t out_row = 0;
+    for (const HostTensor& part : parts) {
+      for (int64_t r0 = 0; r0 < part.rows; r0 += chunk_rows) {
+        const int64_t count = std::min(chunk_rows, part.rows - r0);
+        for (int64_t r = 0; r < count; ++r) {
+          const absl::Status s =
+              DequantizeRow(part.dtype, part.data + static_cast<size_t>(r0 + r) * part.row_bytes,
+                            cols, pack_host_ + r * cols);
+          if (!s.ok()) return s;
+        }
+        const size_t chunk_bytes = sizeof(float) * count * cols;
+        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pack_device_.as<void>(), pack_host_, chunk_bytes,
+                                             cudaMemcpyHostToDevice, stream_));
+        cuda::LaunchF32ToBF16(pack_device_.as<float>(), static_cast<size_t>(count * cols),
+                              weight->mutable_data() + out_row * cols, stream_);
+        // The host staging is refilled next: wait for its upload.
+        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+        out_row += count;
+      }
+    }
+    return Weight(std::move(weight), rows, cols, bytes);
+  }
+
+  absl::Status UnpackWeight(const Weight& w, int64_t row_begin, int64_t rows,
+                            float* host) override {
+    if (row_begin < 0 || rows < 0 || row_begin + rows > w.rows()) {
+      return absl::OutOfRangeError(absl::StrCat("UnpackWeight: rows [", row_begin, ", ",
+                                                row_begin + rows, ") of ", w.rows()));
+    }
+    std::vector<uint16_t> bits(static_cast<size_t>(rows) * w.cols());
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bits.data(), Packed(w).data() + row_begin * w.cols(),
+                                         sizeof(uint16_t) * bits.size(), cudaMemcpyDeviceToHost,
+                                         stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < bits.size(); ++i) host[i] = Bf16ToFloat(bits[i]);
+    return absl::OkStatus();
+  }
+
+  // Backend::Embed is gaining id_begin (vocabulary-parallel ranks); until every tree has the new
+  // signature, both forms are here and whichever the interface declares is the override (so
+  // neither can be marked `override`). Then keep the first, marked override.
+#if defined(__clang__)
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Winconsistent-missing-override"
+#endif
+  void Embed(const Weight& table, int64_t id_begin, const int32_t* ids, int32_t n, float* out) {
+    SetDevice();
+    cuda::LaunchEmbed(Packed(table).data(), table.rows(), table.cols(), id_begin, ids, n, out,
+                      stream_);
+  }
+  void Embed(const Weight& table, const int32_t* ids, int32_t n, float* out) {
+    Embed(table, 0, ids, n, out);
+  }
+#if defined(__clang__)
+#pragma clang diagnostic pop
+#endif
+
+  void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
+               float* out) override {
+    SetDevice();
+    cuda::LaunchRmsNorm(x, w, n, dim, eps, out, stream_);
+  }
+
+  void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
+                    const float* w, float eps) override {
+    SetDevice();
+    cuda::LaunchRmsNormHeads(x, ld, n, num_heads, head_dim, w, eps, stream_);
+  }
+
+  void LinearRows(const float* x, int32_t n, const Weight& w, int64_t row_begin, int64_t rows,
+                  const float* bias, float* y) override {
+    assert(row_begin >= 0 && row_begin + rows <= w.rows());
+    if (n <= 0 || rows <= 0) return;
+    SetDevice();
+    const int64_t k = w.cols();
+    const size_t x_elements = static_cast<size_t>(n) * k;
+    Ensure(x_bf16_, sizeof(uint16_t) * x_elements);
+    cuda::LaunchF32ToBF16(x, x_elements, x_bf16_.as<uint16_t>(), stream_);
+    const uint16_t* wr = Packed(w).data() + row_begin * k;
+    // cuBLASLt's algorithms want 16-byte aligned rows of y; otherwise compute into a scratch
+    // with padded rows and copy (the same algorithm, so the same bits).
+    const bool direct = rows % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+    if (direct) {
+      linear_->Run(x_bf16_.as<uint16_t>(), n, wr, rows, k, y, rows);
+    } else {
+      const int64_t ld = (rows + 3) / 4 * 4;
+      Ensure(y_scratch_, sizeof(float) * static_cast<size_t>(n) * ld);
+      linear_->Run(x_bf16_.as<uint16_t>(), n, wr, rows, k, y_scratch_.as<float>(), ld);
+      CUDA_CHECK(cudaMemcpy2DAsync(y, sizeof(float) * rows, y_scratch_.as<void>(),
+                                   sizeof(float) * ld, sizeof(float) * rows, n,
+                                   cudaMemcpyDeviceToDevice, stream_));
+    }
+    if (bias != nullptr) cuda::LaunchAddBias(y, rows, n, rows, bias, stream_);
+  }
+
+  void Rope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
+            const int32_t* positions, const float* inv_freq) override {
+    SetDevice();
+    cuda::LaunchRope(x, ld, n, num_heads, head_dim, positions, inv_freq, stream_);
+  }
+
+  void StoreKv(const KvLayerView& cache, const float* k, const float* v, int32_t ld, int32_t n,
+               const int32_t* slots) override {
+    SetDevice();
+    cuda::LaunchStoreKv(cache.k, cache.v, KvDTypeCode(cache.dtype), k, v, ld, n,
+                        cache.num_kv_heads * cache.head_dim, slots, stream_);
+  }
+
+  void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
+                 const AttentionRows& rows, float scale, float* out) override {
+    if (rows.num_rows <= 0) return;
+    SetDevice();
+    absl::StatusOr<cuda::AttentionPlan> plan =
+        cuda::PlanAttention(rows.num_rows, num_heads, cache.num_kv_heads, cache.head_dim);
+    if (!plan.ok()) cuda::Fatal(plan.status());
+    Ensure(attention_workspace_, plan->workspace_bytes);
+    cuda::AttentionParams p;
+    p.q = q;
+    p.ld = ld;
+    p.num_heads = num_heads;
+    p.k = cache.k;
+    p.v = cache.v;
+    p.dtype_code = KvDTypeCode(cache.dtype);
+    p.block_size = cache.block_size;
+    p.num_kv_heads = cache.num_kv_heads;
+    p.head_dim = cache.head_dim;
+    p.num_rows = rows.num_rows;
+    p.positions = rows.positions;
+    p.seq = rows.seq;
+    p.block_table_offsets = rows.block_table_offsets;
+    p.block_tables = rows.block_tables;
+    p.scale = scale;
+    p.out = out;
+    cuda::LaunchAttention(p, *plan, attention_workspace_.as<float>(), stream_);
+  }
+
+  void SwiGlu(const float* gate_up, int32_t n, int32_t ff, float* out) override {
+    SetDevice();
+    cuda::LaunchSwiGlu(gate_up, n, ff, out, stream_);
+  }
+
+  void Add(float* x, const float* y, size_t count) override {
+    SetDevice();
+    cuda::LaunchAdd(x, y, count, stream_);
+  }
+
+  void GatherRows(const float* src, int32_t dim, const int32_t* index, int32_t n,
+                  float* dst) override {
+    SetDevice();
+    cuda::LaunchGatherRows(src, dim, index, n, dst, stream_);
+  }
+
+ private:
+  // Weights reach this backend only from its own PackWeight.
+  static const CudaWeight& Packed(const Weight& w) {
+    assert(dynamic_cast<const CudaWeight*>(w.storage()) != nullptr);
+    return *static_cast<const CudaWeight*>(w.storage());
+  }
+
+  // The engine thread may not be the thread that created the backend: every entry point makes
+  // this backend's device current (a no-op when it already is).
+  void SetDevice() const { CUDA_CHECK(cudaSetDevice(device_)); }
+
+  // Grows a scratch buffer to at least `bytes` (never shrinks, so steady-state steps reuse the
+  // same addresses). Failure to grow inside an op has no status to go to: fatal.
+  void Ensure(DeviceBuffer& buffer, size_t bytes) {
+    if (buffer.bytes() >= bytes) return;
+    buffer = DeviceBuffer();
+    absl::StatusOr<DeviceBuffer> grown = Alloc(bytes);
+    if (!grown.ok()) cuda::Fatal(grown.status());
+    buffer = std::move(*grown);
+  }
+
+  absl::Status EnsurePackStaging(size_t bytes) {
+    if (pack_device_.bytes() >= bytes) return absl::OkStatus();
+    if (pack_host_ != nullptr) {
+      CUDA_RETURN_IF_ERROR(cudaFreeHost(pack_host_));
+      pack_host_ = nullptr;
+    }
+    pack_device_ = DeviceBuffer();
+    CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&pack_host_), bytes));
+    absl::StatusOr<DeviceBuffer> device = Alloc(bytes);
+    if (!device.ok()) return device.status();
+    pack_device_ = std::move(*device);
+    return absl::OkStatus();
+  }
+
+  const int device_;
+  const cudaStream_t stream_;
+  std::unique_ptr<cuda::CublasLinear> linear_;
+  DeviceBuffer gemm_workspace_;       // cuBLASLt's, kGemmWorkspaceBytes
+  DeviceBuffer x_bf16_;               // Linear's activations in bf16
+  DeviceBuffer y_scratch_;            // Linear's output when y's rows are not 16-byte aligned
+  DeviceBuffer attention_workspace_;  // split-KV slot states
+  DeviceBuffer pack_device_;          // PackWeight's f32 rows on the device
+  float* pack_host_ = nullptr;        // ... and on the host (pinned)
+};
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("no CUDA device visible (", cudaGetErrorString(error), ")"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", device, " does not exist (", count, " visible)"));
+  }
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaStream_t stream = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto backend = std::make_unique<CudaBackend>(device, stream);
+  if (absl::Status s = backend->Init(); !s.ok()) return s;
+  return backend;
+}
+
+void* CudaBackendStream(Backend& backend) {
+  assert(dynamic_cast<CudaBackend*>(&backend) != nullptr);
+  return static_cast<CudaBackend&>(backend).stream();
+}
+
+int CudaBackendDevice(const Backend& backend) {
+  assert(dynamic_cast<const CudaBackend*>(&backend) != nullptr);
+  return static_cast<const CudaBackend&>(backend).device();
+}
+
+}  // namespace ridgeserve

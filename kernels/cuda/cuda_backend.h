@@ -1,0 +1,50 @@
+// The CUDA backend (Backend v2 on one NVIDIA GPU). Ops run asynchronously on the backend's own
+// stream in call order; CopyToHost and Synchronize wait for it. Pointers passed to ops are
+// device memory from Alloc.
+//
+// What differs from the CPU backend (kernels/cpu), by design (DESIGN.md, "Backend v2"):
+//   - PackWeight converts every stored type to bf16 on the device: each part's rows are
+//     dequantized on the host by DequantizeRow (kernels/dtype.h) in chunks of at most
+//     kPackChunkBytes of f32, uploaded, and rounded to bf16 (nearest even) by a kernel. So a
+//     weight holds bf16(DequantizeRow(x)), not the stored value; UnpackWeight returns that.
+//   - LinearRows: x rounded to bf16 by a kernel, then cuBLASLt bf16 x bf16 -> f32 with f32
+//     accumulation (kernels/cuda/linear.h, including what holds for batch invariance), bias
+//     added in f32 after the product.
+//   - Embed gives the bf16 table row widened to f32 (exact).
+//   - Attention: kernels/cuda/attention_plan.h (a fixed tree per row: batch invariant bitwise;
+//     not the CPU's order, so within f32 rounding of it).
+//   - RmsNorm, RmsNormHeads, Rope, SwiGlu, Add, GatherRows, StoreKv: the header's arithmetic
+//     per element; only reduction orders (RmsNorm's double sum) differ from the CPU.
+//   - DefaultKvCacheDType: BF16 (the activations' precision already; half the bytes of F32).
+// Op failures (a device fault, a launch error) abort with one line naming the call and its
+// file:line (kernels/cuda/cuda_check.h): Backend v2's ops have no status to return.
+#ifndef RIDGESERVE_KERNELS_CUDA_CUDA_BACKEND_H_
+#define RIDGESERVE_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace ridgeserve {
+
+// PackWeight's host staging: f32 rows dequantized per upload (8 MiB: the host never holds
+// more of a weight than this, whatever the tensor's size).
+inline constexpr size_t kPackChunkBytes = size_t{8} << 20;
+
+// CUDA devices the runtime sees (0 without a driver or a device).
+int CudaDeviceCount();
+
+// A backend on device `device`; FailedPrecondition "no CUDA device visible" when there is
+// none, InvalidArgument for an ordinal past the count, Internal for other CUDA failures.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device = 0);
+
+// The cudaStream_t (as void*) and device ordinal of a backend CreateCudaBackend made, for code
+// that enqueues its own work in the same order (engine/parallel's NCCL communicator).
+void* CudaBackendStream(Backend& backend);
+int CudaBackendDevice(const Backend& backend);
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_KERNELS_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,22 @@
+// Launch shape shared by the elementwise kernels (device code: include from .cu files only).
+#ifndef RIDGESERVE_KERNELS_CUDA_ELEMENTWISE_CUH_
+#define RIDGESERVE_KERNELS_CUDA_ELEMENTWISE_CUH_
+
+#include <algorithm>
+#include <cstdint>
+
+namespace ridgeserve::cuda {
+
+// 256 threads: 8 warps per CTA, enough for latency hiding at full occupancy (2048 threads per
+// SM = 8 CTAs) with no shared memory; grids are capped and the kernels loop (grid-stride).
+inline constexpr int kElementwiseThreads = 256;
+inline constexpr int64_t kMaxElementwiseBlocks = 132 * 32;  // H200 SMs x 32 waves
+
+inline unsigned ElementwiseBlocks(int64_t count) {
+  const int64_t blocks = (count + kElementwiseThreads - 1) / kElementwiseThreads;
+  return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxElementwiseBlocks));
+}
+
+}  // namespace ridgeserve::cuda
+
+#endif  // RIDGESERVE_KERNELS_CUDA_ELEMENTWISE_CUH_
