@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
 #include "engine/kv/paged_kv_cache.h"
+#include "engine/parallel/tensor_parallel_executor.h"
 #include "engine/ridgefill/ridgefill_maps.h"
 #include "engine/ridgefill_plan.h"
 #include "spdlog/spdlog.h"
@@ -66,11 +67,18 @@ struct Engine::Impl {
   };
   void RunTasks();
 
-  Impl(Model& m, const EngineOptions& o, PagedKvCache kv)
-      : model(m), options(o), cache(std::make_unique<PagedKvCache>(std::move(kv))) {
+  // caches[r] holds rank r's KV heads (one cache at TP = 1); the scheduler hands out rank 0's
+  // blocks, and every rank uses the same ones.
+  Impl(Model& m, const EngineOptions& o, std::vector<std::unique_ptr<PagedKvCache>> kv)
+      : model(m), options(o), caches(std::move(kv)), cache(caches.front().get()) {
     const int32_t block_size = options.scheduler.block_size;
     const int32_t num_blocks = cache->shape().num_blocks;
     scheduler = std::make_unique<Scheduler>(options.scheduler, cache->pool());
+    if (caches.size() > 1) {
+      std::vector<PagedKvCache*> rank_caches;
+      for (const std::unique_ptr<PagedKvCache>& c : caches) rank_caches.push_back(c.get());
+      executor = std::make_unique<TensorParallelExecutor>(model.rank_models(), rank_caches);
+    }
     published.kv_blocks_total = num_blocks;
     published.kv_blocks_free = num_blocks;
     published.kv_block_size = block_size;
@@ -86,7 +94,9 @@ struct Engine::Impl {
 
   Model& model;
   const EngineOptions options;
-  std::unique_ptr<PagedKvCache> cache;
+  std::vector<std::unique_ptr<PagedKvCache>> caches;
+  PagedKvCache* cache;                               // rank 0's
+  std::unique_ptr<TensorParallelExecutor> executor;  // TP > 1
   std::unique_ptr<Scheduler> scheduler;
 
   // Shared with submitting threads, under `mu`.
@@ -237,8 +247,10 @@ void Engine::Impl::Step() {
     batch.fill_maps.resize(batch.num_rows(), nullptr);
   }
   ForwardProfile profile;
-  absl::Status status = model.llama->Forward(batch, *cache, logits, nullptr,
-                                             batch.fill_split.empty() ? nullptr : &profile);
+  ForwardProfile* wanted = batch.fill_split.empty() ? nullptr : &profile;
+  absl::Status status = executor != nullptr
+                            ? executor->Forward(batch, logits, wanted)
+                            : model.llama->Forward(batch, *cache, logits, nullptr, wanted);
   for (int32_t row : profile.promoted_rows) {
     const size_t i =
         std::upper_bound(chunk_row.begin(), chunk_row.end(), row) - chunk_row.begin() - 1;
@@ -376,11 +388,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
   const int32_t num_blocks = static_cast<int32_t>(
       std::min<int64_t>((int64_t{options.kv_cache_tokens} + block_size - 1) / block_size,
                         std::numeric_limits<int32_t>::max()));
-  absl::StatusOr<PagedKvCache> cache = PagedKvCache::Create(
-      model.llama->backend(), KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, block_size,
-                                           num_blocks, model.llama->kv_cache_dtype()});
-  if (!cache.ok()) return cache.status();
-  auto impl = std::make_unique<Impl>(model, options, *std::move(cache));
+  std::vector<std::unique_ptr<PagedKvCache>> caches;
+  for (LlamaModel* rank : model.rank_models()) {
+    RS_ASSIGN_OR_RETURN(
+        PagedKvCache cache,
+        PagedKvCache::Create(rank->backend(),
+                             KvCacheShape{c.num_layers, rank->shard().num_kv_heads, c.head_dim,
+                                          block_size, num_blocks, rank->kv_cache_dtype()}));
+    caches.push_back(std::make_unique<PagedKvCache>(std::move(cache)));
+  }
+  auto impl = std::make_unique<Impl>(model, options, std::move(caches));
   Impl* raw = impl.get();
   raw->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));

@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<MapFile>> OpenRidgeFillMapFile(const std::string&
 absl::StatusOr<std::unique_ptr<RidgeFillMaps>> UploadRidgeFillMaps(const MapFile& file,
                                                                    Model& model) {
   absl::StatusOr<std::unique_ptr<RidgeFillMaps>> maps =
-      RidgeFillMaps::Load(file.maps(), *model.llama);
+      RidgeFillMaps::Load(file.maps(), model.rank_models());
   if (!maps.ok()) {
     return absl::Status(maps.status().code(),
                         absl::StrCat(file.path(), ": ", maps.status().message()));
@@ -44,7 +44,7 @@ absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_pa
   LoadedRidgeFillMaps loaded;
   RS_ASSIGN_OR_RETURN(loaded.file, OpenRidgeFillMapFile(maps_path, model));
   RS_ASSIGN_OR_RETURN(loaded.maps, UploadRidgeFillMaps(*loaded.file, model));
-  model.llama->SetRidgeFillMaps(loaded.maps.get());
+  for (LlamaModel* rank : model.rank_models()) rank->SetRidgeFillMaps(loaded.maps.get());
   return loaded;
 }
 

@@ -1,5 +1,6 @@
 // Loads a RidgeFill map file for a loaded model: checks the file against the model's
-// fingerprint and shape, uploads the maps to the model's backend and sets them on the model.
+// fingerprint and shape, uploads the maps to the model's backend (every rank's, at TP > 1) and
+// sets them on the model.
 #ifndef RIDGESERVE_ENGINE_RIDGEFILL_LOAD_H_
 #define RIDGESERVE_ENGINE_RIDGEFILL_LOAD_H_
 

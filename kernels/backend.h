@@ -149,8 +149,11 @@ class Backend {
                                     float* host) = 0;
 
   // --- ops (shapes in elements; `ld` is the row stride) -----------------------------------
-  // out[i, :] = table[ids[i], :] as f32; table [vocab, dim] packed by this backend.
-  virtual void Embed(const Weight& table, const int32_t* ids, int32_t n, float* out) = 0;
+  // out[i, :] = table[ids[i] - id_begin, :] as f32 when that row is in the table, else zeros
+  // (a vocabulary-parallel rank holds rows [id_begin, id_begin + table.rows()) of the
+  // embedding); table [rows, dim] packed by this backend.
+  virtual void Embed(const Weight& table, int64_t id_begin, const int32_t* ids, int32_t n,
+                     float* out) = 0;
   // out[i, :] = x[i, :] / rms(x[i, :]) * w; x, out [n, dim] (may alias). CPU: the sum of
   // squares is accumulated in double (fixed order), r = float(1 / sqrt(sum / dim + eps)) in
   // double, then out = (x * r) * w in float.

@@ -36,7 +36,20 @@ void ForwardBatch::RequestAllLogits() {
 }
 
 LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, Backend& backend)
-    : config_(config), weights_(std::move(weights)), backend_(backend) {}
+    : LlamaModel(config, std::move(weights), backend, *PlanShard(config, 0, 1), nullptr) {}
+
+LlamaModel::LlamaModel(const ModelConfig& config, ModelWeights weights, Backend& backend,
+                       const ShardLayout& shard, Communicator* comm)
+    : config_(config),
+      shard_(shard),
+      comm_(shard.size > 1 ? comm : nullptr),
+      heads_(shard.num_heads),
+      kv_heads_(shard.num_kv_heads),
+      q_dim_(shard.q_dim(config.head_dim)),
+      kv_dim_(shard.kv_dim(config.head_dim)),
+      ffn_(shard.ffn),
+      weights_(std::move(weights)),
+      backend_(backend) {}
 
 absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int64_t meta_ints) {
   auto alloc = [&](DeviceBuffer& buffer, int64_t n, size_t element) -> absl::Status {
@@ -44,15 +57,15 @@ absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int64_t meta_ints) {
     return absl::OkStatus();
   };
   if (rows > capacity_rows_) {
-    const int64_t qkv_dim = config_.q_dim() + 2 * config_.kv_dim();
+    const int64_t qkv_dim = q_dim_ + 2 * kv_dim_;
     const int64_t r = rows;
     for (auto [buffer, n] : {std::pair{&x_, r * config_.hidden},
                              {&xn_, r * config_.hidden},
                              {&qkv_, r * qkv_dim},
-                             {&attn_, r * config_.q_dim()},
+                             {&attn_, r * q_dim_},
                              {&proj_, r * config_.hidden},
-                             {&gate_up_, r * 2 * config_.ffn},
-                             {&act_, r * config_.ffn},
+                             {&gate_up_, r * 2 * ffn_},
+                             {&act_, r * ffn_},
                              {&head_in_, r * config_.hidden}}) {
       RS_RETURN_IF_ERROR(alloc(*buffer, n, sizeof(float)));
     }
@@ -178,7 +191,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
         if (group_maps == nullptr) {
           return absl::FailedPreconditionError("forward: RidgeFill rows but no maps are loaded");
         }
-        const RidgeFillSplitMaps* maps = group_maps->FindSplit(s);
+        const RidgeFillSplitMaps* maps = group_maps->FindSplit(s, shard_.rank);
         if (maps == nullptr) {
           return absl::InvalidArgumentError(
               absl::StrCat("forward: no RidgeFill maps for split layer ", s));
@@ -201,7 +214,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   RS_RETURN_IF_ERROR(UploadStepMeta(batch));
 
   const ModelConfig& c = config_;
-  const int32_t q_dim = c.q_dim(), kv_dim = c.kv_dim(), qkv_dim = q_dim + 2 * kv_dim;
+  const int32_t q_dim = q_dim_, kv_dim = kv_dim_, qkv_dim = q_dim + 2 * kv_dim;
   float* x = x_.as<float>();  // reassigned when leverage promotion permutes the rows
   float* xn = xn_.as<float>();
   float* qkv = qkv_.as<float>();
@@ -229,13 +242,20 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
         .count();
   };
 
-  backend_.Embed(weights_.token_embd, meta_.tokens, n, x);
+  // Sums a row-parallel projection's partial rows over the ranks (TP > 1).
+  auto all_reduce = [&](float* data, int32_t rows) -> absl::Status {
+    if (comm_ == nullptr) return absl::OkStatus();
+    return comm_->AllReduceSum(data, static_cast<size_t>(rows) * c.hidden);
+  };
+
+  backend_.Embed(weights_.token_embd, shard_.vocab_begin, meta_.tokens, n, x);
+  RS_RETURN_IF_ERROR(all_reduce(x, n));
   for (int32_t l = 0; l < c.num_layers; ++l) {
     if (timed && l <= lowest_split) full_seconds -= Now();
     if (capture != nullptr) capture_at(l);
     for (size_t gi = 0; max_leverage_ > 0 && gi < groups.size(); ++gi) {
       if (groups[gi].split + 1 == l) {
-        PromoteOutliers(gi, groups, num_exact, reordered, order, profile);
+        RS_RETURN_IF_ERROR(PromoteOutliers(gi, groups, num_exact, reordered, order, profile));
         x = x_.as<float>();  // the rows were permuted into a fresh buffer
       }
     }
@@ -265,22 +285,22 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     float* k = qkv + q_dim;
     float* v = qkv + q_dim + kv_dim;
     if (c.qk_norm) {
-      backend_.RmsNormHeads(q, qkv_dim, na, c.num_heads, c.head_dim, w.q_norm.as<float>(),
-                            c.rms_eps);
-      backend_.RmsNormHeads(k, qkv_dim, na, c.num_kv_heads, c.head_dim, w.k_norm.as<float>(),
-                            c.rms_eps);
+      backend_.RmsNormHeads(q, qkv_dim, na, heads_, c.head_dim, w.q_norm.as<float>(), c.rms_eps);
+      backend_.RmsNormHeads(k, qkv_dim, na, kv_heads_, c.head_dim, w.k_norm.as<float>(), c.rms_eps);
     }
-    backend_.Rope(q, qkv_dim, na, c.num_heads, c.head_dim, meta_.positions, inv_freq);
-    backend_.Rope(k, qkv_dim, na, c.num_kv_heads, c.head_dim, meta_.positions, inv_freq);
+    backend_.Rope(q, qkv_dim, na, heads_, c.head_dim, meta_.positions, inv_freq);
+    backend_.Rope(k, qkv_dim, na, kv_heads_, c.head_dim, meta_.positions, inv_freq);
     backend_.StoreKv(kv, k, v, qkv_dim, na, meta_.slots);
-    backend_.Attention(q, qkv_dim, c.num_heads, kv, rows, scale, attn_.as<float>());
+    backend_.Attention(q, qkv_dim, heads_, kv, rows, scale, attn_.as<float>());
     backend_.Linear(attn_.as<float>(), na, w.wo, nullptr, proj);
+    RS_RETURN_IF_ERROR(all_reduce(proj, na));
     backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
     // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
     backend_.RmsNorm(x, w.ffn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
     backend_.Linear(xn, na, w.w_gate_up, nullptr, gate_up_.as<float>());
-    backend_.SwiGlu(gate_up_.as<float>(), na, c.ffn, act_.as<float>());
+    backend_.SwiGlu(gate_up_.as<float>(), na, ffn_, act_.as<float>());
     backend_.Linear(act_.as<float>(), na, w.w_down, nullptr, proj);
+    RS_RETURN_IF_ERROR(all_reduce(proj, na));
     backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
     if (timed && l <= lowest_split) full_seconds += Now();
   }
@@ -299,10 +319,14 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   if (capture != nullptr) capture_at(c.num_layers);
 
   const int32_t m = static_cast<int32_t>(batch.logit_rows.size());
-  logits.resize(static_cast<size_t>(m) * c.vocab_size);
+  logits.clear();
   if (m == 0) return absl::OkStatus();
   if (m > capacity_logit_rows_) {
-    RS_ASSIGN_OR_RETURN(logits_, backend_.Alloc(sizeof(float) * m * c.vocab_size));
+    const size_t floats = size_t(m) * shard_.vocab_stride;
+    RS_ASSIGN_OR_RETURN(logits_, backend_.Alloc(sizeof(float) * floats));
+    if (comm_ != nullptr) {
+      RS_ASSIGN_OR_RETURN(gathered_, backend_.Alloc(sizeof(float) * floats * shard_.size));
+    }
     capacity_logit_rows_ = m;
   }
   backend_.GatherRows(x, c.hidden, meta_.logit_rows, m, head_in_.as<float>());
@@ -310,35 +334,71 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
                    head_in_.as<float>());
   backend_.Linear(head_in_.as<float>(), m, weights_.lm_head_or_embedding(), nullptr,
                   logits_.as<float>());
-  backend_.CopyToHost(logits.data(), logits_.as<void>(), sizeof(float) * logits.size());
+  return GatherLogits(m, logits);
+}
+
+absl::Status LlamaModel::GatherLogits(int32_t m, std::vector<float>& logits) {
+  const int32_t vocab = config_.vocab_size;
+  if (comm_ == nullptr) {
+    logits.resize(static_cast<size_t>(m) * vocab);
+    backend_.CopyToHost(logits.data(), logits_.as<void>(), sizeof(float) * logits.size());
+    return absl::OkStatus();
+  }
+  // Every rank sends [m, stride] floats (its [m, shard vocab] rows, padded on the last rank).
+  const int32_t stride = shard_.vocab_stride;
+  const size_t per_rank = static_cast<size_t>(m) * stride;
+  RS_RETURN_IF_ERROR(comm_->AllGather(logits_.as<float>(), per_rank, gathered_.as<float>()));
+  if (shard_.rank != 0) return absl::OkStatus();
+  std::vector<float> host(per_rank * shard_.size);
+  backend_.CopyToHost(host.data(), gathered_.as<void>(), sizeof(float) * host.size());
+  logits.resize(static_cast<size_t>(m) * vocab);
+  for (int32_t r = 0; r < shard_.size; ++r) {
+    const int32_t begin = std::min(r * stride, vocab);
+    const int32_t width = std::min(stride, vocab - begin);  // rank r's shard vocab
+    for (int32_t i = 0; i < m; ++i) {
+      const float* src = host.data() + r * per_rank + static_cast<size_t>(i) * width;
+      std::copy(src, src + width, logits.begin() + static_cast<size_t>(i) * vocab + begin);
+    }
+  }
   return absl::OkStatus();
 }
 
-void LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int32_t& num_exact,
-                                 ForwardBatch& batch, std::vector<int32_t>& order,
-                                 ForwardProfile* profile) {
+absl::Status LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& groups,
+                                         int32_t& num_exact, ForwardBatch& batch,
+                                         std::vector<int32_t>& order, ForwardProfile* profile) {
   FillGroup& g = groups[gi];
   const RidgeFillSplitMaps& maps = *g.maps;
   const int32_t hidden = config_.hidden;
-  if (maps.leverage_inverse.empty() || g.count == 0) return;
-  // leverage = (h − μ) · (M h − M μ), with M h − M μ from one GEMM on the backend.
-  const float* h_s = x_.as<float>() + static_cast<size_t>(g.begin) * hidden;
-  backend_.Linear(h_s, g.count, maps.leverage_inverse, maps.leverage_bias.as<float>(),
-                  proj_.as<float>());
-  std::vector<float> h(static_cast<size_t>(g.count) * hidden), y(h.size());
-  backend_.CopyToHost(h.data(), h_s, sizeof(float) * h.size());
-  backend_.CopyToHost(y.data(), proj_.as<float>(), sizeof(float) * y.size());
-  std::vector<int32_t> promoted, kept;
-  for (int32_t i = 0; i < g.count; ++i) {
-    double leverage = 0;
-    for (int32_t j = 0; j < hidden; ++j) {
-      leverage +=
-          (static_cast<double>(h[static_cast<size_t>(i) * hidden + j]) - maps.leverage_mean[j]) *
-          y[static_cast<size_t>(i) * hidden + j];
+  if (maps.leverage_mean.empty() || g.count == 0) return absl::OkStatus();
+  // promote[i] = 1 when row g.begin + i is an outlier: decided on rank 0, broadcast.
+  std::vector<int32_t> promote(g.count, 0);
+  if (shard_.rank == 0) {
+    // leverage = (h − μ) · (M h − M μ), with M h − M μ from one GEMM on the backend.
+    const float* h_s = x_.as<float>() + static_cast<size_t>(g.begin) * hidden;
+    backend_.Linear(h_s, g.count, maps.leverage_inverse, maps.leverage_bias.as<float>(),
+                    proj_.as<float>());
+    std::vector<float> h(static_cast<size_t>(g.count) * hidden), y(h.size());
+    backend_.CopyToHost(h.data(), h_s, sizeof(float) * h.size());
+    backend_.CopyToHost(y.data(), proj_.as<float>(), sizeof(float) * y.size());
+    for (int32_t i = 0; i < g.count; ++i) {
+      double leverage = 0;
+      for (int32_t j = 0; j < hidden; ++j) {
+        leverage +=
+            (static_cast<double>(h[static_cast<size_t>(i) * hidden + j]) - maps.leverage_mean[j]) *
+            y[static_cast<size_t>(i) * hidden + j];
+      }
+      promote[i] = leverage > max_leverage_;
     }
-    (leverage > max_leverage_ ? promoted : kept).push_back(g.begin + i);
   }
-  if (promoted.empty()) return;
+  if (comm_ != nullptr) {
+    const size_t bytes = sizeof(int32_t) * promote.size();
+    backend_.CopyToDevice(perm_.as<void>(), promote.data(), bytes);
+    RS_RETURN_IF_ERROR(comm_->Broadcast(perm_.as<void>(), bytes, 0));
+    backend_.CopyToHost(promote.data(), perm_.as<void>(), bytes);
+  }
+  std::vector<int32_t> promoted, kept;
+  for (int32_t i = 0; i < g.count; ++i) (promote[i] ? promoted : kept).push_back(g.begin + i);
+  if (promoted.empty()) return absl::OkStatus();
   // Rotate rows [num_exact, g.begin + count): promoted rows join the exact prefix, the groups
   // of higher splits (still running full layers) move up behind them, the kept rows stay last.
   const int32_t n = batch.num_rows();
@@ -368,6 +428,7 @@ void LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int3
   for (size_t k = 0; k < gi; ++k) groups[k].begin += p;
   g.begin += p;
   g.count -= p;
+  return absl::OkStatus();
 }
 
 }  // namespace ridgeserve

@@ -10,7 +10,9 @@
 #include "absl/status/status.h"
 #include "engine/kv/paged_kv_cache.h"
 #include "engine/model/config.h"
+#include "engine/model/shard.h"
 #include "engine/model/weights.h"
+#include "engine/parallel/communicator.h"
 #include "kernels/backend.h"
 
 namespace ridgeserve {
@@ -85,12 +87,29 @@ struct ForwardProfile {
   double SavedSecondsPerRow(int32_t split_layer, int32_t num_layers) const;
 };
 
-// Threading: one thread drives a LlamaModel (the engine thread).
+// Tensor parallelism (DESIGN.md, "Scale"): a LlamaModel is one rank of a group when its
+// ShardLayout has size > 1. Its weights are the rank's slices (LoadWeights), its KV cache holds
+// the rank's KV heads, and every rank's Forward runs the same batch, meeting the others in the
+// Communicator: after the embedding (vocabulary-parallel: each rank looks up its rows and
+// zeros the rest), after the attention and MLP output projections (row-parallel partial
+// sums), and to gather the LM head's vocabulary slices. The residual stream is the same on
+// every rank, bit for bit (the all-reduce gives every rank the same sum). Rank 0 gets the
+// logits; the leverage test runs on rank 0 and its decisions are broadcast.
+//
+// Threading: one thread drives a LlamaModel (the engine thread, or at TP > 1 the rank's own).
 class LlamaModel {
  public:
+  // The whole model on one backend (TP = 1).
   LlamaModel(const ModelConfig& config, ModelWeights weights, Backend& backend);
+  // One rank: weights loaded for `shard`, `comm` the rank's communicator (used when
+  // shard.size > 1; must outlive the model).
+  LlamaModel(const ModelConfig& config, ModelWeights weights, Backend& backend,
+             const ShardLayout& shard, Communicator* comm);
 
+  // The architecture of the whole model (not the rank's slice: see shard()).
   const ModelConfig& config() const { return config_; }
+  const ShardLayout& shard() const { return shard_; }
+  Communicator* communicator() const { return comm_; }  // null at TP = 1
   Backend& backend() { return backend_; }
   // The weights on the backend (read-only; offline tools read norms and projections).
   const ModelWeights& weights() const { return weights_; }
@@ -110,7 +129,8 @@ class LlamaModel {
   // it off; maps without leverage data never promote.
   void SetRidgeFillMaxLeverage(float max_leverage) { max_leverage_ = max_leverage; }
 
-  // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host). With
+  // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host; rank 0
+  // only, other ranks leave it empty). A failed collective (the group aborted) is returned. With
   // `capture`, also copies the residual stream at capture->depths (see ForwardCapture).
   // With filled rows (batch.fill_split): logit rows must be exact rows and capture is not
   // supported (InvalidArgument). Exact rows' results are bitwise those of the plain path.
@@ -133,8 +153,12 @@ class LlamaModel {
   // Leverage-based row selection for groups[gi] at layer split + 1: its rows whose h_s is an
   // outlier join the exact rows (rows permuted on the backend and in `batch`/`order`, group
   // bounds and num_exact updated); their input rows are added to profile->promoted_rows.
-  void PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int32_t& num_exact,
-                       ForwardBatch& batch, std::vector<int32_t>& order, ForwardProfile* profile);
+  absl::Status PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int32_t& num_exact,
+                               ForwardBatch& batch, std::vector<int32_t>& order,
+                               ForwardProfile* profile);
+  // The rank's head-sliced LM head output [m, shard.vocab] in logits_ → `logits` [m, vocab]
+  // on rank 0, gathered from every rank.
+  absl::Status GatherLogits(int32_t m, std::vector<float>& logits);
 
   // Scratch for `rows` rows and `meta_ints` int32 of step metadata; grows on demand.
   // ResourceExhausted when it cannot.
@@ -143,6 +167,10 @@ class LlamaModel {
   absl::Status UploadStepMeta(const ForwardBatch& batch);
 
   ModelConfig config_;
+  ShardLayout shard_;
+  Communicator* comm_ = nullptr;  // null at TP = 1
+  // The rank's widths: query and KV heads and their dims, MLP features.
+  int32_t heads_ = 0, kv_heads_ = 0, q_dim_ = 0, kv_dim_ = 0, ffn_ = 0;
   ModelWeights weights_;
   Backend& backend_;
   DType kv_cache_dtype_ = DType::kF32;
@@ -176,7 +204,8 @@ class LlamaModel {
   DeviceBuffer step_meta_;  // int32, StepMeta's arrays
   DeviceBuffer head_in_;    // [rows, hidden] rows gathered for the LM head; scratch before that
   DeviceBuffer perm_;       // int32 [rows]: row permutation (leverage promotion)
-  DeviceBuffer logits_;     // [logit rows, vocab]
+  DeviceBuffer logits_;     // [logit rows, shard vocab stride]
+  DeviceBuffer gathered_;   // TP > 1: [ranks, logit rows, shard vocab stride]
 };
 
 }  // namespace ridgeserve

@@ -8,7 +8,7 @@ namespace ridgeserve {
 void LlamaModel::WriteFilledKv(int32_t l, const FillGroup& g, const KvLayerView& kv) {
   const ModelConfig& c = config_;
   const LayerWeights& w = weights_.layers[l];
-  const int32_t q_dim = c.q_dim(), kv_dim = c.kv_dim();
+  const int32_t q_dim = q_dim_, kv_dim = kv_dim_;
   float* xn = xn_.as<float>();
   float* qkv = qkv_.as<float>();
   float* proj = proj_.as<float>();
@@ -38,16 +38,16 @@ void LlamaModel::WriteFilledKv(int32_t l, const FillGroup& g, const KvLayerView&
   if (c.qk_norm) {
     if (map != nullptr && map->k_norm_scaled.bytes() > 0) {
       // k_norm times the key scale, one head at a time.
-      for (int32_t h = 0; h < c.num_kv_heads; ++h) {
+      for (int32_t h = 0; h < kv_heads_; ++h) {
         backend_.RmsNormHeads(k + h * c.head_dim, 2 * kv_dim, g.count, 1, c.head_dim,
                               map->k_norm_scaled.as<float>() + h * c.head_dim, c.rms_eps);
       }
     } else {
-      backend_.RmsNormHeads(k, 2 * kv_dim, g.count, c.num_kv_heads, c.head_dim,
-                            w.k_norm.as<float>(), c.rms_eps);
+      backend_.RmsNormHeads(k, 2 * kv_dim, g.count, kv_heads_, c.head_dim, w.k_norm.as<float>(),
+                            c.rms_eps);
     }
   }
-  backend_.Rope(k, 2 * kv_dim, g.count, c.num_kv_heads, c.head_dim, meta_.positions + g.begin,
+  backend_.Rope(k, 2 * kv_dim, g.count, kv_heads_, c.head_dim, meta_.positions + g.begin,
                 weights_.rope_inv_freq.as<float>());
   backend_.StoreKv(kv, k, v, 2 * kv_dim, g.count, meta_.slots + g.begin);
 }

@@ -11,7 +11,25 @@
 
 namespace ridgeserve {
 
+std::vector<LlamaModel*> Model::rank_models() const {
+  std::vector<LlamaModel*> out;
+  for (const std::unique_ptr<LlamaModel>& r : ranks) out.push_back(r.get());
+  return out;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path, Backend& backend) {
+  Backend* const one[] = {&backend};
+  return LoadModel(path, one, {});
+}
+
+absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path,
+                                                 std::span<Backend* const> backends,
+                                                 std::span<Communicator* const> comms) {
+  const int32_t size = static_cast<int32_t>(backends.size());
+  if (size > 1 && comms.size() != backends.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallel ", size, " needs ", size,
+                                                   " communicators, got ", comms.size()));
+  }
   auto model = std::make_unique<Model>();
   model->path = path;
   std::error_code ec;
@@ -45,10 +63,19 @@ absl::StatusOr<std::unique_ptr<Model>> LoadModel(const std::string& path, Backen
   spdlog::info("{} ({}): {} layers, hidden {}, heads {}/{}, head_dim {}, ffn {}, vocab {}, ctx {}",
                c.name, c.arch_name, c.num_layers, c.hidden, c.num_heads, c.num_kv_heads, c.head_dim,
                c.ffn, c.vocab_size, c.context_length);
-  RS_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(*source, naming, c, backend));
-  spdlog::info("weights: {:.1f} MB resident on the {} backend", weights.resident_bytes() / 1e6,
-               backend.name());
-  model->llama = std::make_unique<LlamaModel>(c, std::move(weights), backend);
+  for (int32_t r = 0; r < size; ++r) {
+    absl::StatusOr<ShardLayout> shard = PlanShard(c, r, size);
+    if (!shard.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": ", shard.status().message()));
+    }
+    Backend& backend = *backends[r];
+    RS_ASSIGN_OR_RETURN(ModelWeights weights, LoadWeights(*source, naming, c, *shard, backend));
+    spdlog::info("weights: {:.1f} MB resident on the {} backend{}", weights.resident_bytes() / 1e6,
+                 backend.name(), size > 1 ? absl::StrCat(" (rank ", r, " of ", size, ")") : "");
+    model->ranks.push_back(std::make_unique<LlamaModel>(c, std::move(weights), backend, *shard,
+                                                        size > 1 ? comms[r] : nullptr));
+  }
+  model->llama = model->ranks.front().get();
   return model;
 }
 

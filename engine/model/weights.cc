@@ -94,6 +94,23 @@ std::vector<uint8_t> UnpermuteRows(const uint8_t* gguf, int64_t rows, size_t row
   return hf;
 }
 
+// Elements [begin, begin + count) of a dimension; count < 0 selects all of it.
+struct Range {
+  int64_t begin = 0;
+  int64_t count = -1;
+};
+struct VectorPart {
+  Role role;
+  int64_t size;  // the tensor's length
+  Range range;
+};
+struct MatrixPart {
+  Role role;
+  std::vector<int64_t> shape;  // the tensor's [rows, cols]
+  Range rows;
+  Range cols;
+};
+
 class Loader {
  public:
   Loader(const TensorSource& source, TensorNaming naming, const ModelConfig& config,
@@ -120,19 +137,19 @@ class Loader {
            (role == Role::kQ || role == Role::kK || role == Role::kQBias || role == Role::kKBias);
   }
 
-  // Reads 1-D tensors as f32 and uploads them concatenated.
-  absl::StatusOr<DeviceBuffer> UploadVectors(
-      int layer, std::initializer_list<std::pair<Role, int64_t>> parts) {
+  // Reads 1-D tensors as f32 and uploads the selected elements of each, concatenated.
+  absl::StatusOr<DeviceBuffer> UploadVectors(int layer, std::initializer_list<VectorPart> parts) {
     std::vector<float> all;
-    for (const auto& [role, size] : parts) {
-      RS_ASSIGN_OR_RETURN(const TensorInfo* info, Find(role, layer, {size}));
+    for (const VectorPart& p : parts) {
+      RS_ASSIGN_OR_RETURN(const TensorInfo* info, Find(p.role, layer, {p.size}));
       RS_ASSIGN_OR_RETURN(std::vector<float> part, source_.ReadF32(*info));
-      if (Permuted(role)) {
+      if (Permuted(p.role)) {
         const std::vector<uint8_t> hf = UnpermuteRows(reinterpret_cast<const uint8_t*>(part.data()),
-                                                      size, sizeof(float), config_.head_dim);
+                                                      p.size, sizeof(float), config_.head_dim);
         std::memcpy(part.data(), hf.data(), hf.size());
       }
-      all.insert(all.end(), part.begin(), part.end());
+      const Range r = p.range.count < 0 ? Range{0, p.size} : p.range;
+      all.insert(all.end(), part.begin() + r.begin, part.begin() + r.begin + r.count);
     }
     return Upload(all);
   }
@@ -143,36 +160,47 @@ class Loader {
     return buffer;
   }
 
-  // Packs 2-D tensors [rows_i, cols] stacked along rows as one weight, from their stored rows
-  // (no conversion here: the backend decides what it keeps).
-  absl::StatusOr<Weight> PackMatrix(
-      int layer, std::initializer_list<std::pair<Role, std::vector<int64_t>>> parts) {
+  // Packs the selected rows and columns of 2-D tensors [rows_i, cols] stacked along rows as
+  // one weight, from their stored rows (no conversion here: the backend decides what it
+  // keeps). Only the selected part of an mmapped file is read.
+  absl::StatusOr<Weight> PackMatrix(int layer, std::initializer_list<MatrixPart> parts) {
     std::vector<HostTensor> views;
     std::vector<std::vector<uint8_t>> unpermuted;  // Q/K rows in HF order, alive until packed
     unpermuted.reserve(parts.size());
-    for (const auto& [role, shape] : parts) {
-      RS_ASSIGN_OR_RETURN(const TensorInfo* info, Find(role, layer, shape));
-      absl::StatusOr<size_t> row_bytes = StorageBytes(info->type, shape[1]);
+    for (const MatrixPart& p : parts) {
+      RS_ASSIGN_OR_RETURN(const TensorInfo* info, Find(p.role, layer, p.shape));
+      absl::StatusOr<size_t> row_bytes = StorageBytes(info->type, p.shape[1]);
       if (!row_bytes.ok() || info->data == nullptr ||
-          *row_bytes * static_cast<size_t>(shape[0]) != info->num_bytes) {
+          *row_bytes * static_cast<size_t>(p.shape[0]) != info->num_bytes) {
         const absl::StatusOr<TypeTraits> traits = GetTypeTraits(info->type);
         return absl::InvalidArgumentError(absl::StrCat(
             source_.path(), ": tensors: ", info->name, " of type ",
-            traits.ok() ? std::string(traits->name) : "?", " cannot hold rows of ", shape[1],
+            traits.ok() ? std::string(traits->name) : "?", " cannot hold rows of ", p.shape[1],
             row_bytes.ok() ? "" : absl::StrCat(": ", row_bytes.status().message())));
       }
-      const uint8_t* data = info->data;
-      if (Permuted(role)) {
-        unpermuted.push_back(UnpermuteRows(data, shape[0], *row_bytes, config_.head_dim));
-        data = unpermuted.back().data();
+      HostTensor view{info->data, info->type, p.shape[0], p.shape[1], *row_bytes};
+      if (p.rows.count >= 0) view = view.Rows(p.rows.begin, p.rows.count);
+      if (Permuted(p.role)) {
+        // The permutation stays within a head, and row slices are whole heads.
+        unpermuted.push_back(UnpermuteRows(view.data, view.rows, view.row_bytes, config_.head_dim));
+        view.data = unpermuted.back().data();
       }
-      views.push_back(HostTensor{data, info->type, shape[0], shape[1], *row_bytes});
+      if (p.cols.count >= 0) {
+        absl::StatusOr<HostTensor> cols = view.Cols(p.cols.begin, p.cols.count);
+        if (!cols.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(source_.path(), ": tensors: ", info->name,
+                           ": tensor-parallel slice: ", cols.status().message()));
+        }
+        view = *cols;
+      }
+      views.push_back(view);
     }
     absl::StatusOr<Weight> weight = backend_.PackWeight(views);
     if (!weight.ok()) {
       return absl::Status(weight.status().code(),
                           absl::StrCat(source_.path(), ": tensors: ",
-                                       TensorName(naming_, parts.begin()->first, layer), ": ",
+                                       TensorName(naming_, parts.begin()->role, layer), ": ",
                                        weight.status().message()));
     }
     return weight;
@@ -193,38 +221,47 @@ class Loader {
 }  // namespace
 
 absl::StatusOr<ModelWeights> LoadWeights(const TensorSource& source, TensorNaming naming,
-                                         const ModelConfig& config, Backend& backend) {
+                                         const ModelConfig& config, const ShardLayout& shard,
+                                         Backend& backend) {
   Loader loader(source, naming, config, backend);
   const int64_t h = config.hidden, q = config.q_dim(), kv = config.kv_dim(), ff = config.ffn,
                 vocab = config.vocab_size, hd = config.head_dim;
+  // The rank's slices (everything at TP=1): heads, MLP features, vocabulary rows.
+  const Range q_rows{shard.q_head_begin * hd, shard.num_heads * hd};
+  const Range kv_rows{shard.kv_head_begin * hd, shard.num_kv_heads * hd};
+  const Range ff_rows{shard.ffn_begin, shard.ffn};
+  const Range vocab_rows{shard.vocab_begin, shard.vocab};
+  const Range all;
   ModelWeights w;
-  RS_ASSIGN_OR_RETURN(w.token_embd, loader.PackMatrix(0, {{Role::kEmbedding, {vocab, h}}}));
-  RS_ASSIGN_OR_RETURN(w.output_norm, loader.UploadVectors(0, {{Role::kOutputNorm, h}}));
+  RS_ASSIGN_OR_RETURN(w.token_embd,
+                      loader.PackMatrix(0, {{Role::kEmbedding, {vocab, h}, vocab_rows, all}}));
+  RS_ASSIGN_OR_RETURN(w.output_norm, loader.UploadVectors(0, {{Role::kOutputNorm, h, all}}));
   if (!config.tied_embeddings) {
-    RS_ASSIGN_OR_RETURN(w.lm_head, loader.PackMatrix(0, {{Role::kLmHead, {vocab, h}}}));
+    RS_ASSIGN_OR_RETURN(w.lm_head,
+                        loader.PackMatrix(0, {{Role::kLmHead, {vocab, h}, vocab_rows, all}}));
   }
   RS_ASSIGN_OR_RETURN(w.rope_inv_freq, loader.Upload(config.rope_inv_freq));
   w.layers.resize(config.num_layers);
   for (int l = 0; l < config.num_layers; ++l) {
     LayerWeights& lw = w.layers[l];
-    RS_ASSIGN_OR_RETURN(lw.attn_norm, loader.UploadVectors(l, {{Role::kAttnNorm, h}}));
-    RS_ASSIGN_OR_RETURN(
-        lw.wqkv,
-        loader.PackMatrix(l, {{Role::kQ, {q, h}}, {Role::kK, {kv, h}}, {Role::kV, {kv, h}}}));
+    RS_ASSIGN_OR_RETURN(lw.attn_norm, loader.UploadVectors(l, {{Role::kAttnNorm, h, all}}));
+    RS_ASSIGN_OR_RETURN(lw.wqkv, loader.PackMatrix(l, {{Role::kQ, {q, h}, q_rows, all},
+                                                       {Role::kK, {kv, h}, kv_rows, all},
+                                                       {Role::kV, {kv, h}, kv_rows, all}}));
     if (config.qkv_bias) {
-      RS_ASSIGN_OR_RETURN(
-          lw.bqkv,
-          loader.UploadVectors(l, {{Role::kQBias, q}, {Role::kKBias, kv}, {Role::kVBias, kv}}));
+      RS_ASSIGN_OR_RETURN(lw.bqkv, loader.UploadVectors(l, {{Role::kQBias, q, q_rows},
+                                                            {Role::kKBias, kv, kv_rows},
+                                                            {Role::kVBias, kv, kv_rows}}));
     }
     if (config.qk_norm) {
-      RS_ASSIGN_OR_RETURN(lw.q_norm, loader.UploadVectors(l, {{Role::kQNorm, hd}}));
-      RS_ASSIGN_OR_RETURN(lw.k_norm, loader.UploadVectors(l, {{Role::kKNorm, hd}}));
+      RS_ASSIGN_OR_RETURN(lw.q_norm, loader.UploadVectors(l, {{Role::kQNorm, hd, all}}));
+      RS_ASSIGN_OR_RETURN(lw.k_norm, loader.UploadVectors(l, {{Role::kKNorm, hd, all}}));
     }
-    RS_ASSIGN_OR_RETURN(lw.wo, loader.PackMatrix(l, {{Role::kO, {h, q}}}));
-    RS_ASSIGN_OR_RETURN(lw.ffn_norm, loader.UploadVectors(l, {{Role::kFfnNorm, h}}));
-    RS_ASSIGN_OR_RETURN(lw.w_gate_up,
-                        loader.PackMatrix(l, {{Role::kGate, {ff, h}}, {Role::kUp, {ff, h}}}));
-    RS_ASSIGN_OR_RETURN(lw.w_down, loader.PackMatrix(l, {{Role::kDown, {h, ff}}}));
+    RS_ASSIGN_OR_RETURN(lw.wo, loader.PackMatrix(l, {{Role::kO, {h, q}, all, q_rows}}));
+    RS_ASSIGN_OR_RETURN(lw.ffn_norm, loader.UploadVectors(l, {{Role::kFfnNorm, h, all}}));
+    RS_ASSIGN_OR_RETURN(lw.w_gate_up, loader.PackMatrix(l, {{Role::kGate, {ff, h}, ff_rows, all},
+                                                            {Role::kUp, {ff, h}, ff_rows, all}}));
+    RS_ASSIGN_OR_RETURN(lw.w_down, loader.PackMatrix(l, {{Role::kDown, {h, ff}, all, ff_rows}}));
   }
   return w;
 }

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/config.h"
+#include "engine/model/shard.h"
 #include "engine/model/tensor_source.h"
 #include "kernels/backend.h"
 
@@ -43,10 +44,12 @@ enum class TensorNaming {
   kHuggingFace,  // model.layers.N.self_attn.q_proj.weight
 };
 
-// Reads, checks the shape of, converts and uploads every tensor the architecture needs.
-// Errors name the source path and the tensor.
+// Reads, checks the shape of, converts and uploads every tensor the architecture needs: the
+// slices `shard` holds (shapes above are then the rank's: its heads, MLP features and
+// vocabulary rows). Errors name the source path and the tensor.
 absl::StatusOr<ModelWeights> LoadWeights(const TensorSource& source, TensorNaming naming,
-                                         const ModelConfig& config, Backend& backend);
+                                         const ModelConfig& config, const ShardLayout& shard,
+                                         Backend& backend);
 
 }  // namespace ridgeserve
 

@@ -31,7 +31,8 @@ absl::StatusOr<Weight> PackF32(Backend& backend, std::span<const float> host, in
   return backend.PackWeight({&view, 1});
 }
 
-// Layer l's K/V projection on the host: rows [q_dim, q_dim + 2 kv_dim) of the fused QKV.
+// Layer l's K/V projection on the host: the rank's K/V rows [q_dim, q_dim + 2 kv_dim) of its
+// fused QKV (its own KV heads at TP > 1).
 struct KvRows {
   std::vector<float> weight;  // [2 kv_dim, hidden]
   std::vector<float> bias;    // [2 kv_dim] or empty
@@ -42,13 +43,14 @@ absl::StatusOr<KvRows> ReadKvRows(LlamaModel& model, int32_t layer) {
   const ModelConfig& c = model.config();
   const LayerWeights& w = model.weights().layers[layer];
   Backend& backend = model.backend();
-  const int32_t kv2 = 2 * c.kv_dim();
+  const int32_t q_dim = model.shard().q_dim(c.head_dim);
+  const int32_t kv2 = 2 * model.shard().kv_dim(c.head_dim);
   KvRows r;
   r.weight.resize(static_cast<size_t>(kv2) * c.hidden);
-  RS_RETURN_IF_ERROR(backend.UnpackWeight(w.wqkv, c.q_dim(), kv2, r.weight.data()));
+  RS_RETURN_IF_ERROR(backend.UnpackWeight(w.wqkv, q_dim, kv2, r.weight.data()));
   if (w.bqkv.bytes() > 0) {
     r.bias.resize(kv2);
-    backend.CopyToHost(r.bias.data(), w.bqkv.as<float>() + c.q_dim(), sizeof(float) * kv2);
+    backend.CopyToHost(r.bias.data(), w.bqkv.as<float>() + q_dim, sizeof(float) * kv2);
   }
   if (c.qk_norm) {
     r.k_norm.resize(c.head_dim);
@@ -57,26 +59,28 @@ absl::StatusOr<KvRows> ReadKvRows(LlamaModel& model, int32_t layer) {
   return r;
 }
 
-}  // namespace
+// A kv-target map's rows [2 kv_dim, cols] (K rows of every KV head, then V rows) cut to the
+// rank's KV heads.
+std::vector<float> KvHeadRows(std::span<const float> all, int32_t cols, int32_t total_kv_dim,
+                              const ShardLayout& shard, int32_t head_dim) {
+  const size_t begin = static_cast<size_t>(shard.kv_head_begin) * head_dim * cols;
+  const size_t count = static_cast<size_t>(shard.kv_dim(head_dim)) * cols;
+  std::vector<float> out(all.begin() + begin, all.begin() + begin + count);
+  const size_t v_begin = static_cast<size_t>(total_kv_dim) * cols + begin;
+  out.insert(out.end(), all.begin() + v_begin, all.begin() + v_begin + count);
+  return out;
+}
 
-absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet& maps,
-                                                                   LlamaModel& model) {
+// One rank's maps (every rank's at TP = 1), on that rank's backend.
+absl::StatusOr<std::vector<RidgeFillSplitMaps>> LoadRank(const MapSet& maps, LlamaModel& model) {
   const ModelConfig& config = model.config();
+  const ShardLayout& shard = model.shard();
   Backend& backend = model.backend();
-  if (maps.model.num_layers != config.num_layers || maps.model.hidden != config.hidden ||
-      maps.num_kv_heads != config.num_kv_heads || maps.head_dim != config.head_dim) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ridgefill: maps are for ", maps.model.num_layers, " layers, hidden ",
-                     maps.model.hidden, ", ", maps.num_kv_heads, " KV heads of ", maps.head_dim,
-                     "; the model has ", config.num_layers, ", ", config.hidden, ", ",
-                     config.num_kv_heads, " of ", config.head_dim));
-  }
-  const int32_t hidden = config.hidden, kv_dim = config.kv_dim(), head_dim = config.head_dim;
+  const int32_t hidden = config.hidden, head_dim = config.head_dim;
+  const int32_t kv_dim = shard.kv_dim(head_dim);  // the rank's
   const bool folded = maps.kind != MapTarget::kPreNorm;
-  const int32_t out_dim = maps.kind == MapTarget::kKv ? 2 * kv_dim : hidden;
-  auto result = std::unique_ptr<RidgeFillMaps>(new RidgeFillMaps());
-  static std::atomic<uint64_t> next_id{1};
-  result->id_ = next_id++;
+  const int32_t out_dim = maps.kind == MapTarget::kKv ? 2 * config.kv_dim() : hidden;
+  std::vector<RidgeFillSplitMaps> result;
   for (const SplitMaps& split : maps.splits) {
     const int32_t s = split.split_layer;
     if (s < 0 || s + 2 > config.num_layers) {
@@ -88,14 +92,17 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
     out.folded = folded;
     out.by_layer.resize(config.num_layers);
     if (!split.leverage_inverse.empty()) {
-      const std::vector<float> inverse(split.leverage_inverse.begin(),
-                                       split.leverage_inverse.end());
       out.leverage_mean.assign(split.leverage_mean.begin(), split.leverage_mean.end());
-      std::vector<float> bias(hidden, 0.0f);  // −M μ
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, hidden, hidden, -1.0f, inverse.data(), hidden,
-                  out.leverage_mean.data(), 1, 0.0f, bias.data(), 1);
-      RS_ASSIGN_OR_RETURN(out.leverage_inverse, PackF32(backend, inverse, hidden, hidden));
-      RS_ASSIGN_OR_RETURN(out.leverage_bias, Upload(backend, bias));
+      // The leverage test runs on rank 0 only (LlamaModel broadcasts its decisions).
+      if (shard.rank == 0) {
+        const std::vector<float> inverse(split.leverage_inverse.begin(),
+                                         split.leverage_inverse.end());
+        std::vector<float> bias(hidden, 0.0f);  // −M μ
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, hidden, hidden, -1.0f, inverse.data(), hidden,
+                    out.leverage_mean.data(), 1, 0.0f, bias.data(), 1);
+        RS_ASSIGN_OR_RETURN(out.leverage_inverse, PackF32(backend, inverse, hidden, hidden));
+        RS_ASSIGN_OR_RETURN(out.leverage_bias, Upload(backend, bias));
+      }
     }
     std::vector<bool> seen(config.num_layers, false);
     for (const TargetMap& t : split.targets) {
@@ -110,6 +117,8 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
                                                        " map is not [", out_dim, ", ", hidden,
                                                        "] + bias"));
       }
+      // The rank's KV heads' key scales.
+      std::vector<float> key_scale;
       if (!t.key_scale.empty()) {
         if (t.key_scale.size() != static_cast<size_t>(config.num_kv_heads)) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -120,11 +129,13 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
             return absl::InvalidArgumentError(absl::StrCat(where, "key scale ", g, " not > 0"));
           }
         }
+        key_scale.assign(t.key_scale.begin() + shard.kv_head_begin,
+                         t.key_scale.begin() + shard.kv_head_begin + shard.num_kv_heads);
       }
       seen[t.layer] = true;
       RidgeFillLayerMap& m = out.by_layer[t.layer];
       m.layer = t.layer;
-      const bool scale_k = !t.key_scale.empty();
+      const bool scale_k = !key_scale.empty();
       KvRows kv;
       if (folded || scale_k) {
         RS_ASSIGN_OR_RETURN(kv, ReadKvRows(model, t.layer));
@@ -132,8 +143,8 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
       // Host K/V weights A [2 kv_dim, hidden] and bias a [2 kv_dim] (empty = none).
       std::vector<float> a, a_bias;
       if (maps.kind == MapTarget::kKv) {
-        a.assign(t.weight.begin(), t.weight.end());
-        a_bias.assign(t.bias.begin(), t.bias.end());
+        a = KvHeadRows(t.weight, hidden, config.kv_dim(), shard, head_dim);
+        a_bias = KvHeadRows(t.bias, 1, config.kv_dim(), shard, head_dim);
       } else if (maps.kind == MapTarget::kPostNorm) {
         // A = P W, a = P b + c.
         a.resize(static_cast<size_t>(2) * kv_dim * hidden);
@@ -152,19 +163,19 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
       }
       if (scale_k && config.qk_norm) {
         // γ_h goes after k_norm, which would undo a scale folded into the projection.
-        std::vector<float> k_norm(static_cast<size_t>(config.num_kv_heads) * head_dim);
-        for (int32_t h = 0; h < config.num_kv_heads; ++h) {
+        std::vector<float> k_norm(static_cast<size_t>(shard.num_kv_heads) * head_dim);
+        for (int32_t h = 0; h < shard.num_kv_heads; ++h) {
           for (int32_t j = 0; j < head_dim; ++j) {
-            k_norm[h * head_dim + j] = kv.k_norm[j] * t.key_scale[h];
+            k_norm[h * head_dim + j] = kv.k_norm[j] * key_scale[h];
           }
         }
         RS_ASSIGN_OR_RETURN(m.k_norm_scaled, Upload(backend, k_norm));
       } else if (scale_k) {
-        for (int32_t h = 0; h < config.num_kv_heads; ++h) {
+        for (int32_t h = 0; h < shard.num_kv_heads; ++h) {
           for (int32_t j = h * head_dim; j < (h + 1) * head_dim; ++j) {
             for (int32_t i = 0; i < hidden; ++i)
-              a[static_cast<size_t>(j) * hidden + i] *= t.key_scale[h];
-            if (!a_bias.empty()) a_bias[j] *= t.key_scale[h];
+              a[static_cast<size_t>(j) * hidden + i] *= key_scale[h];
+            if (!a_bias.empty()) a_bias[j] *= key_scale[h];
           }
         }
       }
@@ -183,7 +194,30 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(const MapSet&
                                                        " (every layer in [s + 2, L) needs one)"));
       }
     }
-    result->splits_.push_back(std::move(out));
+    result.push_back(std::move(out));
+  }
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(
+    const MapSet& maps, std::span<LlamaModel* const> ranks) {
+  const ModelConfig& config = ranks.front()->config();
+  if (maps.model.num_layers != config.num_layers || maps.model.hidden != config.hidden ||
+      maps.num_kv_heads != config.num_kv_heads || maps.head_dim != config.head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ridgefill: maps are for ", maps.model.num_layers, " layers, hidden ",
+                     maps.model.hidden, ", ", maps.num_kv_heads, " KV heads of ", maps.head_dim,
+                     "; the model has ", config.num_layers, ", ", config.hidden, ", ",
+                     config.num_kv_heads, " of ", config.head_dim));
+  }
+  auto result = std::unique_ptr<RidgeFillMaps>(new RidgeFillMaps());
+  static std::atomic<uint64_t> next_id{1};
+  result->id_ = next_id++;
+  for (LlamaModel* rank : ranks) {
+    RS_ASSIGN_OR_RETURN(std::vector<RidgeFillSplitMaps> splits, LoadRank(maps, *rank));
+    result->by_rank_.push_back(std::move(splits));
   }
   return result;
 }

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -56,37 +57,47 @@ struct RidgeFillLayerMap {
 struct RidgeFillSplitMaps {
   int32_t split_layer = 0;
   bool folded = false;  // post_norm or kv: K/V come from kv_weight applied to h_s
-  // Outlier-row test (empty when the file has none): leverage(h) = (h − μ)ᵀ M (h − μ), with
-  // M = (G + λI)⁻¹ of the split's centred calibration Gram, computed as
-  // (h − μ) · (M h + leverage_bias) where leverage_bias = −M μ. [hidden, hidden], [hidden].
+  // Outlier-row test (leverage_mean empty when the file has none): leverage(h) =
+  // (h − μ)ᵀ M (h − μ), with M = (G + λI)⁻¹ of the split's centred calibration Gram, computed
+  // as (h − μ) · (M h + leverage_bias) where leverage_bias = −M μ. [hidden, hidden], [hidden];
+  // on rank 0 only (it decides for every rank).
   Weight leverage_inverse;
   DeviceBuffer leverage_bias;
-  std::vector<float> leverage_mean;  // μ, host
+  std::vector<float> leverage_mean;  // μ, host, on every rank
   // by_layer[l] for l in [s + 2, num_layers); entries below s + 2 are empty.
   std::vector<RidgeFillLayerMap> by_layer;
 };
 
-// Immutable after Load; the buffers belong to the model's backend, so use it only with models
-// on that backend. Read by the engine thread during Forward.
+// Immutable after Load. At tensor parallel N the maps are replicated per rank (the predicted
+// input is full-width; each rank folds and applies its own KV heads' rows), each rank's on its
+// own backend, so use them only with the models they were loaded for. Read by the threads
+// running Forward (the engine thread, or every rank's).
 class RidgeFillMaps {
  public:
-  // Uploads (and for post_norm/kv folds) every split of `maps` for `model`. Checks them
+  // Uploads (and for post_norm/kv folds) every split of `maps` for each of `ranks` (one model
+  // at TP = 1; rank r's model at ranks[r], with no rank running meanwhile). Checks them
   // against the model's config: num_layers, hidden, num_kv_heads and head_dim equal, every
   // layer in [s + 2, L) has a map of the kind's shape, key scales finite and > 0
   // (InvalidArgument naming the split and layer otherwise). The model fingerprint is the
   // MapFile::Open caller's job.
-  static absl::StatusOr<std::unique_ptr<RidgeFillMaps>> Load(const MapSet& maps, LlamaModel& model);
+  static absl::StatusOr<std::unique_ptr<RidgeFillMaps>> Load(const MapSet& maps,
+                                                             std::span<LlamaModel* const> ranks);
+  static absl::StatusOr<std::unique_ptr<RidgeFillMaps>> Load(const MapSet& maps,
+                                                             LlamaModel& model) {
+    LlamaModel* const one[] = {&model};
+    return Load(maps, one);
+  }
 
-  // nullptr when there are no maps for split layer `s`.
-  const RidgeFillSplitMaps* FindSplit(int32_t split_layer) const {
-    for (const RidgeFillSplitMaps& s : splits_) {
+  // Rank `rank`'s maps for split layer `s`; nullptr when there are none.
+  const RidgeFillSplitMaps* FindSplit(int32_t split_layer, int32_t rank = 0) const {
+    for (const RidgeFillSplitMaps& s : by_rank_[rank]) {
       if (s.split_layer == split_layer) return &s;
     }
     return nullptr;
   }
   std::vector<int32_t> split_layers() const {
     std::vector<int32_t> out;
-    for (const RidgeFillSplitMaps& s : splits_) out.push_back(s.split_layer);
+    for (const RidgeFillSplitMaps& s : by_rank_.front()) out.push_back(s.split_layer);
     return out;
   }
   // What the engine keys its prefix cache on (with the split layer): requests filled by maps
@@ -97,7 +108,7 @@ class RidgeFillMaps {
   void set_id(uint64_t id) { id_ = id; }
 
  private:
-  std::vector<RidgeFillSplitMaps> splits_;
+  std::vector<std::vector<RidgeFillSplitMaps>> by_rank_;  // [rank][split]
   uint64_t id_ = 0;
 };
 

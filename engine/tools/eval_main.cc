@@ -40,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/common/status_macros.h"
 #include "engine/model/model.h"
+#include "engine/parallel/rank_group.h"
 #include "engine/ridgefill_load.h"
 #include "engine/sampling/sampler.h"
 #include "engine/tools/eval_ridgefill.h"
@@ -51,7 +52,10 @@
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face directory");
-ABSL_FLAG(int32_t, threads, 0, "CPU threads (0 = all)");
+ABSL_FLAG(int32_t, threads, 0, "CPU threads (0 = all; shared between tensor-parallel ranks)");
+ABSL_FLAG(int32_t, tensor_parallel, 1,
+          "ranks to shard the model over (threads of this process on the CPU backend); "
+          "perplexity, generate, bench-prefill and logits");
 ABSL_FLAG(std::string, cpu_activations, "f32",
           "CPU Linear arithmetic: f32 (the default: float math on the exact weights) or int8");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
@@ -103,15 +107,16 @@ class Eval {
   absl::Status Init() {
     RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
                         cpu::ParseActivations(absl::GetFlag(FLAGS_cpu_activations)));
-    RS_ASSIGN_OR_RETURN(backend_,
-                        CreateCpuBackendFromEnvironment(absl::GetFlag(FLAGS_threads), activations));
+    RS_ASSIGN_OR_RETURN(ranks_, CreateCpuRankGroup(absl::GetFlag(FLAGS_tensor_parallel),
+                                                   absl::GetFlag(FLAGS_threads), activations));
+    backend_ = ranks_.backends.front().get();
     const std::string path = absl::GetFlag(FLAGS_model);
     if (path.empty()) return absl::InvalidArgumentError("--model is required");
     const auto start = Clock::now();
-    RS_ASSIGN_OR_RETURN(model_, LoadModel(path, *backend_));
+    RS_ASSIGN_OR_RETURN(model_, LoadModel(path, ranks_.backend_ptrs(), ranks_.communicators()));
     RS_ASSIGN_OR_RETURN(const DType kv_dtype,
                         ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), *backend_));
-    model_->llama->SetKvCacheDType(kv_dtype);
+    for (LlamaModel* rank : model_->rank_models()) rank->SetKvCacheDType(kv_dtype);
     spdlog::info("model loaded in {:.2f} s", SecondsSince(start));
     return absl::OkStatus();
   }
@@ -128,7 +133,7 @@ class Eval {
     if (ctx < 2) return absl::InvalidArgumentError("--ctx must be at least 2");
     // Non-overlapping windows of `ctx` tokens; every token but a window's first is scored
     // given the window's preceding tokens.
-    SequenceRunner runner(*model_->llama, ctx);
+    SequenceRunner runner(*model_, ctx);
     const int32_t vocab = model_->config.vocab_size;
     std::vector<float> logits;
     double nll = 0;
@@ -184,7 +189,7 @@ class Eval {
       return absl::OutOfRangeError(
           absl::StrCat("prompt of ", prompt.size(), " tokens fills the context"));
     }
-    SequenceRunner runner(*model_->llama, capacity);
+    SequenceRunner runner(*model_, capacity);
     std::vector<int32_t> context = prompt;
     std::vector<int32_t> generated;
     std::vector<float> logits;
@@ -225,7 +230,7 @@ class Eval {
       }
       std::vector<int32_t> tokens(length);
       for (int32_t& t : tokens) t = pick(rng);
-      SequenceRunner runner(*model_->llama, length);
+      SequenceRunner runner(*model_, length);
       std::vector<float> logits;
       const auto start = Clock::now();
       RS_RETURN_IF_ERROR(runner.Append(tokens, absl::GetFlag(FLAGS_chunk), false, logits));
@@ -315,7 +320,7 @@ class Eval {
     const std::string out = absl::GetFlag(FLAGS_out);
     if (out.empty()) return absl::InvalidArgumentError("--out is required");
     if (tokens.empty()) return absl::InvalidArgumentError("no input tokens");
-    SequenceRunner runner(*model_->llama, static_cast<int32_t>(tokens.size()));
+    SequenceRunner runner(*model_, static_cast<int32_t>(tokens.size()));
     std::vector<float> logits;
     RS_RETURN_IF_ERROR(runner.Append(tokens, absl::GetFlag(FLAGS_chunk), true, logits));
     std::ofstream file(out, std::ios::binary);
@@ -435,7 +440,8 @@ class Eval {
   }
 
  private:
-  std::unique_ptr<Backend> backend_;
+  RankGroup ranks_;             // one CPU backend per tensor-parallel rank
+  Backend* backend_ = nullptr;  // rank 0's
   std::unique_ptr<Model> model_;
   LoadedRidgeFillMaps maps_;
 };
@@ -447,6 +453,11 @@ absl::StatusOr<Json> Run(const std::string& command) {
       command != "needle" && command != "distant-loss" && command != "splice" &&
       command != "pareto") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
+  }
+  if (absl::GetFlag(FLAGS_tensor_parallel) != 1 && command != "perplexity" &&
+      command != "generate" && command != "bench-prefill" && command != "logits") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tensor_parallel: ", command, " runs at 1 only"));
   }
   RS_RETURN_IF_ERROR(eval.Init());
   if (command == "perplexity") return eval.Perplexity();

@@ -8,20 +8,42 @@
 namespace ridgeserve {
 
 SequenceRunner::SequenceRunner(LlamaModel& model, int32_t max_tokens, int32_t block_size)
-    : model_(model),
-      cache_(PagedKvCache::Create(
-          model.backend(),
-          KvCacheShape{model.config().num_layers, model.config().num_kv_heads,
-                       model.config().head_dim, block_size,
-                       (max_tokens + block_size - 1) / block_size, model.kv_cache_dtype()})) {}
+    : SequenceRunner(std::vector<LlamaModel*>{&model}, max_tokens, block_size) {}
+
+SequenceRunner::SequenceRunner(const Model& model, int32_t max_tokens, int32_t block_size)
+    : SequenceRunner(model.rank_models(), max_tokens, block_size) {}
+
+SequenceRunner::SequenceRunner(std::vector<LlamaModel*> ranks, int32_t max_tokens,
+                               int32_t block_size)
+    : model_(*ranks.front()) {
+  const ModelConfig& c = model_.config();
+  for (LlamaModel* rank : ranks) {
+    absl::StatusOr<PagedKvCache> cache = PagedKvCache::Create(
+        rank->backend(),
+        KvCacheShape{c.num_layers, rank->shard().num_kv_heads, c.head_dim, block_size,
+                     (max_tokens + block_size - 1) / block_size, rank->kv_cache_dtype()});
+    if (!cache.ok()) {
+      init_ = cache.status();
+      caches_.clear();
+      return;
+    }
+    caches_.push_back(std::make_unique<PagedKvCache>(*std::move(cache)));
+  }
+  if (ranks.size() > 1) {
+    std::vector<PagedKvCache*> rank_caches;
+    for (const std::unique_ptr<PagedKvCache>& cache : caches_) rank_caches.push_back(cache.get());
+    executor_ = std::make_unique<TensorParallelExecutor>(std::move(ranks), rank_caches);
+  }
+}
 
 SequenceRunner::~SequenceRunner() { Reset(); }
 
 absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chunk, bool all_logits,
                                     std::vector<float>& logits, const RidgeFillRun* fill) {
-  if (!cache_.ok()) return cache_.status();
+  RS_RETURN_IF_ERROR(init_);
+  PagedKvCache& cache = *caches_.front();
   const int32_t vocab = model_.config().vocab_size;
-  const int32_t block_size = cache_->shape().block_size;
+  const int32_t block_size = cache.shape().block_size;
   if (fill != nullptr) {
     if (all_logits) return absl::InvalidArgumentError("RidgeFill append: all_logits unsupported");
     if (fill->filled_rows.size() != tokens.size()) {
@@ -32,7 +54,7 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
     }
   }
   RS_RETURN_IF_ERROR(
-      table_.Reserve(cache_->pool(), length_ + static_cast<int32_t>(tokens.size()), block_size));
+      table_.Reserve(cache.pool(), length_ + static_cast<int32_t>(tokens.size()), block_size));
   logits.clear();
   estimated_saved_seconds_ = 0;
   promoted_rows_ = 0;
@@ -50,8 +72,10 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
     }
     if (all_logits) batch.RequestAllLogits();
     ForwardProfile profile;
-    RS_RETURN_IF_ERROR(model_.Forward(batch, *cache_, chunk_logits_, nullptr,
-                                      fill != nullptr ? &profile : nullptr));
+    ForwardProfile* wanted = fill != nullptr ? &profile : nullptr;
+    RS_RETURN_IF_ERROR(executor_ != nullptr
+                           ? executor_->Forward(batch, chunk_logits_, wanted)
+                           : model_.Forward(batch, cache, chunk_logits_, nullptr, wanted));
     if (fill != nullptr) {
       const auto filled = std::count_if(batch.fill_split.begin(), batch.fill_split.end(),
                                         [](int32_t s) { return s >= 0; }) -
@@ -76,7 +100,7 @@ void SequenceRunner::Truncate(int32_t length) {
 }
 
 void SequenceRunner::Reset() {
-  if (cache_.ok()) table_.Release(cache_->pool());
+  if (!caches_.empty()) table_.Release(caches_.front()->pool());
   length_ = 0;
 }
 

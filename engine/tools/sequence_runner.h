@@ -11,6 +11,8 @@
 #include "absl/status/status.h"
 #include "engine/kv/paged_kv_cache.h"
 #include "engine/model/llama.h"
+#include "engine/model/model.h"
+#include "engine/parallel/tensor_parallel_executor.h"
 
 namespace ridgeserve {
 
@@ -33,6 +35,9 @@ class SequenceRunner {
  public:
   // Room for `max_tokens` tokens in the cache.
   SequenceRunner(LlamaModel& model, int32_t max_tokens, int32_t block_size = 16);
+  // Every rank of `model` (tensor parallel: each with its own cache, run by a
+  // TensorParallelExecutor).
+  SequenceRunner(const Model& model, int32_t max_tokens, int32_t block_size = 16);
   ~SequenceRunner();
 
   // Appends `tokens` in forward passes of at most `chunk` rows. `logits` receives the logits
@@ -40,11 +45,11 @@ class SequenceRunner {
   // With `fill` (RidgeFill), all_logits must be false and the last token must be exact.
   absl::Status Append(std::span<const int32_t> tokens, int32_t chunk, bool all_logits,
                       std::vector<float>& logits, const RidgeFillRun* fill = nullptr);
-  // The cache (tests read K/V; the sequence's slots follow block_table()).
-  const PagedKvCache& cache() const { return *cache_; }
+  // The cache (rank 0's; tests read K/V; the sequence's slots follow block_table()).
+  const PagedKvCache& cache() const { return *caches_.front(); }
   const BlockTable& block_table() const { return table_; }
   // The cache for writing (eval's splice test overwrites filled rows' K/V between Appends).
-  PagedKvCache& mutable_cache() { return *cache_; }
+  PagedKvCache& mutable_cache() { return *caches_.front(); }
   // Forgets the sequence (blocks go back to the pool).
   void Reset();
   // Forgets the tokens at positions >= `length` (<= length()): their blocks stay reserved and
@@ -58,8 +63,12 @@ class SequenceRunner {
   int32_t promoted_rows() const { return promoted_rows_; }
 
  private:
-  LlamaModel& model_;
-  absl::StatusOr<PagedKvCache> cache_;  // an allocation failure is Append's error
+  SequenceRunner(std::vector<LlamaModel*> ranks, int32_t max_tokens, int32_t block_size);
+
+  LlamaModel& model_;                                  // rank 0's
+  absl::Status init_;                                  // an allocation failure is Append's error
+  std::vector<std::unique_ptr<PagedKvCache>> caches_;  // per rank
+  std::unique_ptr<TensorParallelExecutor> executor_;   // TP > 1
   BlockTable table_;
   int32_t length_ = 0;
   double estimated_saved_seconds_ = 0;

@@ -89,10 +89,17 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  void Embed(const Weight& table, const int32_t* ids, int32_t n, float* out) override {
+  void Embed(const Weight& table, int64_t id_begin, const int32_t* ids, int32_t n,
+             float* out) override {
     const cpu::CpuWeight& packed = Packed(table);
     for (int32_t i = 0; i < n; ++i) {
-      cpu::DequantizeRows(packed, ids[i], 1, out + int64_t{i} * table.cols(), table.cols(), isa_);
+      float* row = out + int64_t{i} * table.cols();
+      const int64_t r = ids[i] - id_begin;
+      if (r >= 0 && r < table.rows()) {
+        cpu::DequantizeRows(packed, r, 1, row, table.cols(), isa_);
+      } else {
+        std::fill(row, row + table.cols(), 0.0f);
+      }
     }
   }
 

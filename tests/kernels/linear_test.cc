@@ -395,7 +395,7 @@ TEST_P(LinearTest, MixedTypePartsStackAsOneWeight) {
   EXPECT_EQ(FirstBitDifference(rows.data(), want.data(), want.size()), -1);
   const std::vector<int32_t> ids = {17, 0, 10, 13, 14};
   std::vector<float> embed(ids.size() * k);
-  backend->Embed(stacked, ids.data(), static_cast<int32_t>(ids.size()), embed.data());
+  backend->Embed(stacked, 0, ids.data(), static_cast<int32_t>(ids.size()), embed.data());
   for (size_t i = 0; i < ids.size(); ++i) {
     EXPECT_EQ(FirstBitDifference(&embed[i * k], &want[ids[i] * k], k), -1) << ids[i];
   }

@@ -49,7 +49,7 @@ class CountingBackend final : public Backend {
   absl::Status UnpackWeight(const Weight&, int64_t, int64_t, float*) override {
     return absl::OkStatus();
   }
-  void Embed(const Weight&, const int32_t*, int32_t, float*) override {}
+  void Embed(const Weight&, int64_t, const int32_t*, int32_t, float*) override {}
   void RmsNorm(const float*, const float*, int32_t, int32_t, float, float*) override {}
   void RmsNormHeads(float*, int32_t, int32_t, int32_t, int32_t, const float*, float) override {}
   void LinearRows(const float*, int32_t, const Weight&, int64_t, int64_t, const float*,
@@ -130,12 +130,24 @@ TEST(CpuOpsTest, EmbedAndGatherRowsCopyRows) {
   const HostTensor view{reinterpret_cast<const uint8_t*>(table.data()), DType::kF32, vocab, dim,
                         sizeof(float) * dim};
   const Weight packed = *backend->PackWeight({&view, 1});
-  backend->Embed(packed, ids.data(), n, embed.data());
+  backend->Embed(packed, 0, ids.data(), n, embed.data());
   backend->GatherRows(table.data(), dim, ids.data(), n, gather.data());
   for (int32_t i = 0; i < n; ++i) {
     for (int32_t j = 0; j < dim; ++j) {
       ASSERT_EQ(embed[i * dim + j], table[ids[i] * dim + j]) << i << "," << j;
       ASSERT_EQ(gather[i * dim + j], table[ids[i] * dim + j]) << i << "," << j;
+    }
+  }
+  // A vocabulary-parallel rank holding rows [20, 40) of the table: its ids are looked up,
+  // every other id gives a zero row (the ranks' rows then sum to the whole lookup).
+  const HostTensor slice = view.Rows(20, 20);
+  const Weight part = *backend->PackWeight({&slice, 1});
+  std::fill(embed.begin(), embed.end(), -1.0f);
+  backend->Embed(part, 20, ids.data(), n, embed.data());
+  for (int32_t i = 0; i < n; ++i) {
+    const bool held = ids[i] >= 20 && ids[i] < 40;
+    for (int32_t j = 0; j < dim; ++j) {
+      ASSERT_EQ(embed[i * dim + j], held ? table[ids[i] * dim + j] : 0.0f) << i << "," << j;
     }
   }
 }

@@ -8,6 +8,11 @@ a padded vocabulary, and qwen3 with QK-norm, head_dim != hidden/heads and BF16. 
   * ridgeserve-eval on the HF dir and on the GGUF each match the reference (<= REF_TOL) and
     each other (<= CROSS_TOL); the sharded copy gives bitwise the same logits as the single file;
   * --chunk 7 gives bitwise the same logits as a single prefill;
+  * sharded over 2 ranks (KV heads split) and 4 ranks (KV heads replicated: 4 heads / 2 KV
+    heads), --tensor_parallel gives logits that match the reference (<= REF_TOL) and TP=1
+    (<= TP_TOL: the row-parallel sums add in another order), the same greedy token wherever
+    TP=1's top-2 margin exceeds twice that, and --chunk 7 bitwise equal to one prefill at the
+    same TP size;
   * --text (plain text, no special-token strings): token ids equal the HF `tokenizers`
     encoding of tokenizer.json (BOS where the model adds one) for both copies, and those
     logits match the reference too.
@@ -44,6 +49,10 @@ CROSS_TOL = 5e-5
 # float32 divisors above.
 FIXTURE_TOL = 1e-5
 CHUNK = 7
+# TP vs TP=1: the same float32 math with the attention/MLP output projections summed in a
+# different order (partial sums per rank, then in rank order): rounding-level differences.
+TP_TOL = 5e-5
+TP_SIZES = (2, 4)
 # An f32 KV cache: these bounds hold the kernels' float32 math to the reference; the default f16
 # cache rounds K/V (reference_logits_test.py checks it on the default model).
 KV = "f32"
@@ -121,6 +130,29 @@ def check_model(m, tmp: str, c: Checker):
             c.identical(f"{label} --chunk {CHUNK} vs one prefill", chunked, out[label])
         except eval_cli.EvalError as e:
             c.expect(False, f"{spec.name} {label} --chunk: {e}")
+
+    for label in ("hf", "gguf"):
+        if label not in out:
+            continue
+        top2 = np.sort(out[label], axis=1)[:, -2:]
+        decided = top2[:, 1] - top2[:, 0] > 2 * TP_TOL
+        for tp in TP_SIZES:
+            name = f"{label} --tensor_parallel {tp}"
+            try:
+                got = eval_cli.run_logits(copies[label], token_ids=ids, chunk=ONE_PREFILL,
+                                          kv_cache_dtype=KV, tensor_parallel=tp).logits
+                chunked = eval_cli.run_logits(copies[label], token_ids=ids, chunk=CHUNK,
+                                              kv_cache_dtype=KV, tensor_parallel=tp).logits
+            except eval_cli.EvalError as e:
+                c.expect(False, f"{spec.name} {name}: {e}")
+                continue
+            c.within(f"{name} vs reference", got, ref, REF_TOL)
+            c.within(f"{name} vs TP=1", got, out[label], TP_TOL)
+            same = got.argmax(axis=1) == out[label].argmax(axis=1)
+            print(f"  {name}: greedy token equal to TP=1 at {int(same[decided].sum())} of "
+                  f"{int(decided.sum())} positions with margin > {2 * TP_TOL}")
+            c.expect(bool(same[decided].all()), f"{spec.name} {name}: greedy token differs")
+            c.identical(f"{name} --chunk {CHUNK} vs one prefill", chunked, got)
 
     # Text: tokenizer.json through HF tokenizers is the reference tokenization.
     text_file = os.path.join(tmp, "text.txt")

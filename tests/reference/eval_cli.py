@@ -58,11 +58,12 @@ def run_logits(
     timeout_s: float = 600.0,
     activations: Optional[str] = None,
     kv_cache_dtype: Optional[str] = None,
+    tensor_parallel: Optional[int] = None,
 ) -> EvalLogits:
     """ridgeserve-eval logits on token ids or a text file; checks the output's shape.
     `activations` is the CPU Linear arithmetic (--cpu_activations: "f32", the default, or
     "int8"); `kv_cache_dtype` is --kv_cache_dtype (the binary's default, f16 on the CPU, when
-    None)."""
+    None); `tensor_parallel` shards the model over that many ranks (--tensor_parallel)."""
     import time
 
     if (token_ids is None) == (text_file is None):
@@ -80,6 +81,8 @@ def run_logits(
             cmd += ["--cpu_activations", activations]
         if kv_cache_dtype is not None:
             cmd += ["--kv_cache_dtype", kv_cache_dtype]
+        if tensor_parallel is not None:
+            cmd += ["--tensor_parallel", str(tensor_parallel)]
         start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         seconds = time.monotonic() - start

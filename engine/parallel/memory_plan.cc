@@ -1,0 +1,85 @@
+#include "engine/parallel/memory_plan.h"
+
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/common/status_macros.h"
+
+namespace ridgeserve {
+namespace {
+
+constexpr int32_t kBlockTokens = 16;
+
+std::string Gb(double bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
+
+}  // namespace
+
+absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& c, const MemoryPlanRequest& request) {
+  if (request.device_bytes <= 0) {
+    return absl::InvalidArgumentError("device memory must be given and > 0");
+  }
+  if (!(request.memory_utilization > 0 && request.memory_utilization <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory utilization ", request.memory_utilization, " outside (0, 1]"));
+  }
+  MemoryPlan p;
+  RS_ASSIGN_OR_RETURN(p.shard, PlanShard(c, 0, request.tensor_parallel));
+  const ShardLayout& s = p.shard;
+  const double h = c.hidden, hd = c.head_dim;
+  const double q = s.num_heads * hd, kv = s.num_kv_heads * hd, ff = s.ffn;
+  const double vocab = s.vocab_stride;
+  // Matrices the rank holds (its slices) and vectors (norms replicated, biases sliced).
+  const double layer_matrices = (q + 2 * kv) * h + h * q + 2 * ff * h + h * ff;
+  double layer_vectors = 2 * h + (c.qk_norm ? 2 * hd : 0) + (c.qkv_bias ? q + 2 * kv : 0);
+  const double embeddings = vocab * h * (c.tied_embeddings ? 1 : 2);
+  const double matrices = embeddings + c.num_layers * layer_matrices;
+  const double vectors = h + c.num_layers * layer_vectors + hd / 2;  // + final norm, rope
+  p.weight_bytes = matrices * ElementBytes(request.weight_dtype) + vectors * sizeof(float);
+  // The whole model, for the printout: every matrix unsliced.
+  const double full_q = c.num_heads * hd, full_kv = c.num_kv_heads * hd;
+  p.params = double(c.vocab_size) * h * (c.tied_embeddings ? 1 : 2) + h +
+             c.num_layers * ((full_q + 2 * full_kv) * h + h * full_q + 3.0 * c.ffn * h + 2 * h +
+                             (c.qk_norm ? 2 * hd : 0) + (c.qkv_bias ? full_q + 2 * full_kv : 0));
+  // f32 activations of one step (LlamaModel's workspace) and its logit rows (local, gathered).
+  const double rows = request.max_batch_tokens;
+  p.workspace_bytes = sizeof(float) * (rows * (4 * h + (q + 2 * kv) + q + 3 * ff) +
+                                       double(request.max_running_requests) * vocab *
+                                           (1 + (request.tensor_parallel > 1 ? s.size : 0)));
+  p.reserve_bytes = request.reserve_bytes;
+  p.usable_bytes = request.device_bytes * request.memory_utilization;
+  p.kv_bytes_per_token = 2.0 * c.num_layers * kv * ElementBytes(request.kv_dtype);
+  p.min_kv_tokens = request.min_kv_tokens > 0 ? request.min_kv_tokens : c.context_length;
+  const double left = p.usable_bytes - p.weight_bytes - p.workspace_bytes - p.reserve_bytes;
+  p.kv_tokens =
+      left <= 0 ? 0
+                : static_cast<int64_t>(left / p.kv_bytes_per_token) / kBlockTokens * kBlockTokens;
+  if (p.kv_tokens < p.min_kv_tokens) {
+    const double need = p.weight_bytes + p.workspace_bytes + p.reserve_bytes +
+                        p.min_kv_tokens * p.kv_bytes_per_token;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        c.name, " at tensor parallel ", request.tensor_parallel, " does not fit: each rank needs ",
+        Gb(need), " (weights ", Gb(p.weight_bytes), ", workspace ", Gb(p.workspace_bytes),
+        ", reserve ", Gb(p.reserve_bytes), ", KV for ", p.min_kv_tokens, " tokens ",
+        Gb(p.min_kv_tokens * p.kv_bytes_per_token), ") but may use ", Gb(p.usable_bytes),
+        ": short by ", Gb(need - p.usable_bytes)));
+  }
+  return p;
+}
+
+std::string MemoryPlan::Describe(const ModelConfig& c, const MemoryPlanRequest& r) const {
+  return absl::StrFormat(
+      "%s: %.2fB parameters; tensor parallel %d (%d query heads, %d KV heads, %d MLP features, "
+      "%d vocabulary rows per rank)\n"
+      "per rank: weights %s (%s), workspace %s, reserve %s, of %s usable (%.0f%% of %s)\n"
+      "KV cache: %.1f KiB per token per rank (%s), capacity %d tokens per rank "
+      "(%.1fx the minimum of %d)\n",
+      c.name, params / 1e9, r.tensor_parallel, shard.num_heads, shard.num_kv_heads, shard.ffn,
+      shard.vocab_stride, Gb(weight_bytes), std::string(KvCacheDTypeName(r.weight_dtype)),
+      Gb(workspace_bytes), Gb(reserve_bytes), Gb(usable_bytes), 100 * r.memory_utilization,
+      Gb(r.device_bytes), kv_bytes_per_token / 1024, std::string(KvCacheDTypeName(r.kv_dtype)),
+      kv_tokens, double(kv_tokens) / min_kv_tokens, min_kv_tokens);
+}
+
+}  // namespace ridgeserve

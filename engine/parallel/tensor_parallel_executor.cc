@@ -1,0 +1,111 @@
+#include "engine/parallel/tensor_parallel_executor.h"
+
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "spdlog/spdlog.h"
+
+namespace ridgeserve {
+
+TensorParallelExecutor::TensorParallelExecutor(std::vector<LlamaModel*> ranks,
+                                               std::vector<PagedKvCache*> caches)
+    : ranks_(std::move(ranks)),
+      caches_(std::move(caches)),
+      status_(ranks_.size()),
+      logits_(ranks_.size()) {
+  if (const char* fault = std::getenv("RIDGESERVE_TEST_TP_FAULT"); fault != nullptr) {
+    const std::vector<std::string> parts = absl::StrSplit(fault, ':');
+    int32_t rank = 0;
+    int64_t step = 0;
+    if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &rank) &&
+        absl::SimpleAtoi(parts[1], &step)) {
+      fault_rank_ = rank;
+      fault_step_ = step;
+      spdlog::warn("RIDGESERVE_TEST_TP_FAULT: rank {} will fail its step {}", rank, step);
+    }
+  }
+  for (int32_t r = 0; r < static_cast<int32_t>(ranks_.size()); ++r) {
+    threads_.emplace_back([this, r] { RunRank(r); });
+  }
+}
+
+TensorParallelExecutor::~TensorParallelExecutor() {
+  {
+    std::lock_guard lock(mu_);
+    stopping_ = true;
+  }
+  start_cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
+}
+
+void TensorParallelExecutor::RunRank(int32_t rank) {
+  uint64_t seen = 0;
+  while (true) {
+    const ForwardBatch* batch;
+    ForwardProfile* profile;
+    {
+      std::unique_lock lock(mu_);
+      start_cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+      if (stopping_) return;
+      seen = generation_;
+      batch = batch_;
+      profile = rank == 0 ? profile_ : nullptr;
+    }
+    absl::Status status;
+    if (rank == fault_rank_ && static_cast<int64_t>(seen) == fault_step_) {
+      status = absl::InternalError(absl::StrCat("injected fault at step ", seen));
+    } else {
+      status = ranks_[rank]->Forward(*batch, *caches_[rank], logits_[rank], nullptr, profile);
+    }
+    // A failing rank releases the others from the collectives it will not join. An aborted
+    // collective's own error is only the echo of another rank's.
+    if (!status.ok() && status.code() != absl::StatusCode::kAborted) {
+      ranks_[rank]->communicator()->Abort(absl::StrCat("rank ", rank, ": ", status.message()));
+    }
+    std::lock_guard lock(mu_);
+    status_[rank] = std::move(status);
+    if (--pending_ == 0) done_cv_.notify_all();
+  }
+}
+
+absl::Status TensorParallelExecutor::Forward(const ForwardBatch& batch, std::vector<float>& logits,
+                                             ForwardProfile* profile) {
+  if (!broken_.ok()) return broken_;
+  {
+    std::unique_lock lock(mu_);
+    batch_ = &batch;
+    profile_ = profile;
+    pending_ = static_cast<int32_t>(ranks_.size());
+    ++generation_;
+    start_cv_.notify_all();
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+  }
+  // The first rank that failed on its own (others fail with the abort it caused).
+  int32_t failed = -1;
+  for (int32_t r = 0; r < static_cast<int32_t>(status_.size()); ++r) {
+    if (status_[r].ok()) continue;
+    if (failed < 0 || (status_[failed].code() == absl::StatusCode::kAborted &&
+                       status_[r].code() != absl::StatusCode::kAborted)) {
+      failed = r;
+    }
+  }
+  if (failed < 0) {
+    logits.swap(logits_[0]);
+    return absl::OkStatus();
+  }
+  const absl::Status error = absl::InternalError(
+      absl::StrCat("tensor-parallel rank ", failed, " failed: ", status_[failed].message()));
+  spdlog::error("{}", std::string(error.message()));
+  if (absl::Status reset = ranks_[0]->communicator()->Reset(); !reset.ok()) {
+    broken_ = absl::UnavailableError(
+        absl::StrCat("tensor-parallel group stopped after a failed step (", reset.message(), ")"));
+    spdlog::error("{}", std::string(broken_.message()));
+  }
+  return error;
+}
+
+}  // namespace ridgeserve

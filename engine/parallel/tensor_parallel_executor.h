@@ -1,0 +1,61 @@
+// Runs the engine's forward steps on every rank of a sharded model (DESIGN.md, "Scale"): one
+// worker thread per rank drives that rank's LlamaModel, backend and KV cache; the engine
+// thread hands every rank the same plain-data step (the ForwardBatch, read-only) and waits.
+// Rank 0's logits and profile come back; the scheduler's block decisions (the block tables
+// in the batch) hold for every rank's cache, which have the same blocks.
+#ifndef RIDGESERVE_ENGINE_PARALLEL_TENSOR_PARALLEL_EXECUTOR_H_
+#define RIDGESERVE_ENGINE_PARALLEL_TENSOR_PARALLEL_EXECUTOR_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/kv/paged_kv_cache.h"
+#include "engine/model/llama.h"
+
+namespace ridgeserve {
+
+class TensorParallelExecutor {
+ public:
+  // ranks[r] runs on caches[r]; both must outlive the executor. Starts the rank threads.
+  //
+  // Testing hook: with RIDGESERVE_TEST_TP_FAULT=R:S in the environment, rank R fails its S-th
+  // step (counting from 1) without running it, as a rank whose forward errs would.
+  TensorParallelExecutor(std::vector<LlamaModel*> ranks, std::vector<PagedKvCache*> caches);
+  ~TensorParallelExecutor();  // joins the rank threads
+
+  // LlamaModel::Forward on every rank. When a rank fails, it aborts the group's collectives
+  // so no rank waits for it, and this returns Internal naming the rank and its error; the
+  // group is then reset for the next step, or, where the communicator cannot be reset, this
+  // and every later call return Unavailable saying so.
+  absl::Status Forward(const ForwardBatch& batch, std::vector<float>& logits,
+                       ForwardProfile* profile);
+
+ private:
+  void RunRank(int32_t rank);
+
+  std::vector<LlamaModel*> ranks_;
+  std::vector<PagedKvCache*> caches_;
+  int32_t fault_rank_ = -1;
+  int64_t fault_step_ = -1;
+
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  uint64_t generation_ = 0;  // steps handed out
+  int32_t pending_ = 0;      // ranks still running the current step
+  bool stopping_ = false;
+  const ForwardBatch* batch_ = nullptr;
+  ForwardProfile* profile_ = nullptr;
+  std::vector<absl::Status> status_;        // per rank, of the current step
+  std::vector<std::vector<float>> logits_;  // per rank (rank 0's are the result)
+  absl::Status broken_;                     // set when the group could not be reset
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace ridgeserve
+
+#endif  // RIDGESERVE_ENGINE_PARALLEL_TENSOR_PARALLEL_EXECUTOR_H_
