@@ -1,0 +1,481 @@
+// Every op of the CUDA backend against the CPU backend (the reference, kernels/cpu) on the
+// same random inputs, with the tolerance each op's arithmetic allows (stated per test), and
+// the batch invariance of Linear and Attention on the device (a row alone vs in a batch).
+// Skipped (not passed) without a GPU.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cuda/attention_plan.h"
+#include "kernels/dtype.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/kernels/kernel_test_util.h"
+
+namespace ridgeserve {
+namespace {
+
+using ::ridgeserve::testing::Download;
+using ::ridgeserve::testing::FirstBitDifference;
+using ::ridgeserve::testing::MaxAbs;
+using ::ridgeserve::testing::MaxAbsDiff;
+using ::ridgeserve::testing::RandomFloats;
+using ::ridgeserve::testing::Upload;
+
+HostTensor F32Tensor(const std::vector<float>& v, int64_t rows, int64_t cols) {
+  return HostTensor{reinterpret_cast<const uint8_t*>(v.data()), DType::kF32, rows, cols,
+                    sizeof(float) * cols};
+}
+
+std::vector<float> RoundedToBf16(std::vector<float> v) {
+  for (float& x : v) x = ::ridgeserve::testing::RoundToBFloat16Reference(x);
+  return v;
+}
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RS_REQUIRE_CUDA_DEVICE();
+    cuda_ = ::ridgeserve::testing::MakeCudaBackend();
+    ASSERT_NE(cuda_, nullptr);
+    cpu_ = CreateCpuBackend(2);
+  }
+
+  // Runs `op` on both backends with the same inputs (host vectors uploaded to each) and
+  // returns the two outputs of `out_size` floats: {cpu, cuda}.
+  template <typename Op>
+  std::pair<std::vector<float>, std::vector<float>> Both(const std::vector<std::vector<float>>& in,
+                                                         size_t out_size, Op op) {
+    std::vector<float> results[2];
+    Backend* backends[2] = {cpu_.get(), cuda_.get()};
+    for (int b = 0; b < 2; ++b) {
+      std::vector<DeviceBuffer> inputs;
+      std::vector<float*> ptrs;
+      for (const auto& v : in) {
+        inputs.push_back(Upload(*backends[b], v));
+        ptrs.push_back(inputs.back().as<float>());
+      }
+      DeviceBuffer out = Upload(*backends[b], std::vector<float>(out_size, 0.0f));
+      op(*backends[b], ptrs, out.as<float>());
+      results[b] = Download<float>(*backends[b], out, out_size);
+    }
+    return {results[0], results[1]};
+  }
+
+  std::unique_ptr<Backend> cpu_;
+  std::unique_ptr<Backend> cuda_;
+};
+
+// Same arithmetic as the CPU but for the order of the double sum of squares: the float scale
+// almost always rounds the same, so 1 ulp of the output (2^-23 relative) bounds the difference.
+TEST_F(CudaOpsTest, RmsNormMatchesCpu) {
+  const int32_t n = 7, dim = 576;
+  const auto x = RandomFloats(n * dim, 1, -3.0f, 3.0f);
+  const auto w = RandomFloats(dim, 2, 0.5f, 1.5f);
+  auto [cpu, gpu] = Both({x, w}, n * dim, [&](Backend& b, auto& p, float* out) {
+    b.RmsNorm(p[0], p[1], n, dim, 1e-5f, out);
+  });
+  EXPECT_LE(MaxAbsDiff(cpu, gpu), 2.4e-7 * MaxAbs(cpu));
+}
+
+TEST_F(CudaOpsTest, RmsNormHeadsMatchesCpu) {
+  const int32_t n = 5, heads = 3, hd = 64, ld = heads * hd + 32;
+  const auto x = RandomFloats(n * ld, 3, -2.0f, 2.0f);
+  const auto w = RandomFloats(hd, 4, 0.5f, 1.5f);
+  auto [cpu, gpu] = Both({x, w}, n * ld, [&](Backend& b, auto& p, float* out) {
+    b.CopyToDevice(out, x.data(), sizeof(float) * x.size());
+    b.RmsNormHeads(out, ld, n, heads, hd, p[1], 1e-6f);
+  });
+  EXPECT_LE(MaxAbsDiff(cpu, gpu), 2.4e-7 * MaxAbs(cpu));
+}
+
+// theta is one float product on both; cos/sin in double rounded to float: CUDA's and glibc's
+// double results differ by at most an ulp of double, which changes the float only at a
+// rounding boundary. So outputs agree to a few float ulps of |x| (~1).
+TEST_F(CudaOpsTest, RopeMatchesCpu) {
+  const int32_t n = 6, heads = 4, hd = 64, ld = heads * hd + 16;
+  const auto x = RandomFloats(n * ld, 5);
+  std::vector<float> inv_freq(hd / 2);
+  for (int j = 0; j < hd / 2; ++j) inv_freq[j] = std::pow(10000.0f, -2.0f * j / hd);
+  const std::vector<int32_t> pos = {0, 1, 17, 255, 4097, 8191};
+  std::vector<float> results[2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int b = 0; b < 2; ++b) {
+    DeviceBuffer xd = Upload(*backends[b], x), fd = Upload(*backends[b], inv_freq),
+                 pd = Upload(*backends[b], pos);
+    backends[b]->Rope(xd.as<float>(), ld, n, heads, hd, pd.as<int32_t>(), fd.as<float>());
+    results[b] = Download<float>(*backends[b], xd, x.size());
+  }
+  EXPECT_LE(MaxAbsDiff(results[0], results[1]), 4.8e-7);
+}
+
+// CUDA's expf and the CPU's vector exp are each within 2 ulp: a few ulps of the output.
+TEST_F(CudaOpsTest, SwiGluMatchesCpu) {
+  const int32_t n = 9, ff = 1536;
+  const auto gu = RandomFloats(n * 2 * ff, 6, -8.0f, 8.0f);
+  auto [cpu, gpu] =
+      Both({gu}, n * ff, [&](Backend& b, auto& p, float* out) { b.SwiGlu(p[0], n, ff, out); });
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ASSERT_NEAR(cpu[i], gpu[i], 1e-6 * std::abs(cpu[i]) + 1e-30) << i;
+  }
+}
+
+TEST_F(CudaOpsTest, AddAndGatherRowsAreExact) {
+  const auto x = RandomFloats(1000, 7), y = RandomFloats(1000, 8);
+  auto [cpu, gpu] = Both({x, y}, 1000, [&](Backend& b, auto& p, float* out) {
+    b.Add(p[0], p[1], 1000);
+    b.CopyToDevice(out, x.data(), 0);
+    b.GatherRows(p[0], 100, nullptr, 0, out);  // n = 0: nothing
+    std::vector<int32_t> idx = {3, 0, 9, 9, 1, 2, 4, 5, 6, 7};
+    DeviceBuffer id = Upload(b, idx);
+    b.GatherRows(p[0], 100, id.as<int32_t>(), 10, out);
+  });
+  EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(cpu, gpu));
+}
+
+// StoreKv narrows with round to nearest even on both: bitwise equal caches, every dtype.
+TEST_F(CudaOpsTest, StoreKvIsBitwiseCpu) {
+  const int32_t kv_heads = 3, hd = 64, width = kv_heads * hd, ld = width * 3, n = 5;
+  const int32_t blocks = 4, block_size = 16;
+  auto k = RandomFloats(n * ld, 9, -70000.0f, 70000.0f);  // f16 overflow to inf included
+  auto v = RandomFloats(n * ld, 10, -1e-6f, 1e-6f);       // f16 subnormals
+  const std::vector<int32_t> slots = {0, 63, 17, 18, 40};
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const size_t bytes = ElementBytes(dtype) * blocks * block_size * width;
+    std::vector<uint8_t> caches[2][2];
+    Backend* backends[2] = {cpu_.get(), cuda_.get()};
+    for (int b = 0; b < 2; ++b) {
+      DeviceBuffer kc = Upload(*backends[b], std::vector<uint8_t>(bytes, 0)),
+                   vc = Upload(*backends[b], std::vector<uint8_t>(bytes, 0));
+      DeviceBuffer kd = Upload(*backends[b], k), vd = Upload(*backends[b], v),
+                   sd = Upload(*backends[b], slots);
+      KvLayerView view{kc.as<uint8_t>(), vc.as<uint8_t>(), dtype, blocks, block_size, kv_heads, hd};
+      backends[b]->StoreKv(view, kd.as<float>(), vd.as<float>(), ld, n, sd.as<int32_t>());
+      caches[b][0] = Download<uint8_t>(*backends[b], kc, bytes);
+      caches[b][1] = Download<uint8_t>(*backends[b], vc, bytes);
+    }
+    EXPECT_EQ(caches[0][0], caches[1][0]) << KvCacheDTypeName(dtype);
+    EXPECT_EQ(caches[0][1], caches[1][1]) << KvCacheDTypeName(dtype);
+  }
+}
+
+// Whether Backend::Embed takes an id_begin (vocabulary-parallel ranks; the interface is gaining
+// it): the test runs against either form.
+template <typename B>
+constexpr bool kEmbedHasIdBegin = requires(B& b, const Weight& w, const int32_t* ids, float* out) {
+  b.Embed(w, int64_t{0}, ids, int32_t{0}, out);
+};
+
+template <typename B>
+void EmbedFrom(B& b, const Weight& w, int64_t id_begin, const int32_t* ids, int32_t n, float* out) {
+  if constexpr (kEmbedHasIdBegin<B>) {
+    b.Embed(w, id_begin, ids, n, out);
+  } else {
+    (void)id_begin;
+    b.Embed(w, ids, n, out);
+  }
+}
+
+// A table of bf16-representable values: Embed is exact on both, and ids outside the table's
+// rows (a vocabulary-parallel rank's) give zeros.
+TEST_F(CudaOpsTest, EmbedIsExactForBf16Values) {
+  const int64_t rows = 50, dim = 64;
+  const auto table = RoundedToBf16(RandomFloats(rows * dim, 11));
+  // With id_begin 10 the table holds ids 10..59: 9 and 100 are another rank's (zeros).
+  const std::vector<int32_t> ids = kEmbedHasIdBegin<Backend>
+                                       ? std::vector<int32_t>{10, 59, 9, 100, 30}
+                                       : std::vector<int32_t>{0, 49, 3};
+  const int64_t id_begin = kEmbedHasIdBegin<Backend> ? 10 : 0;
+  std::vector<float> results[2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int b = 0; b < 2; ++b) {
+    const HostTensor t = F32Tensor(table, rows, dim);
+    absl::StatusOr<Weight> w = backends[b]->PackWeight({&t, 1});
+    ASSERT_TRUE(w.ok()) << w.status();
+    DeviceBuffer id = Upload(*backends[b], ids);
+    DeviceBuffer out = Upload(*backends[b], std::vector<float>(ids.size() * dim, -1.0f));
+    EmbedFrom(*backends[b], *w, id_begin, id.as<int32_t>(), ids.size(), out.as<float>());
+    results[b] = Download<float>(*backends[b], out, ids.size() * dim);
+  }
+  EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(results[0], results[1]));
+  if (kEmbedHasIdBegin<Backend>) {
+    EXPECT_EQ(results[1][2 * dim], 0.0f);  // id 9 < id_begin
+  }
+}
+
+// PackWeight keeps bf16(DequantizeRow(x)): UnpackWeight gives the CPU's unpacked values rounded
+// to bf16, exactly, for a float type, a half type and a block-quantized type, with parts stacked.
+TEST_F(CudaOpsTest, PackWeightIsBf16OfDequantizedRows) {
+  const int64_t cols = 64;
+  const auto f32 = RandomFloats(3 * cols, 12);
+  std::vector<uint16_t> f16(5 * cols);
+  for (size_t i = 0; i < f16.size(); ++i) f16[i] = FloatToHalf(0.01f * float(i % 97) - 0.4f);
+  // Q8_0: blocks of an f16 scale and 32 int8.
+  std::vector<uint8_t> q8(4 * (cols / 32) * 34);
+  std::mt19937 rng(13);
+  for (size_t b = 0; b < q8.size() / 34; ++b) {
+    const uint16_t d = FloatToHalf(0.001f * float(1 + b));
+    std::memcpy(&q8[b * 34], &d, 2);
+    for (int e = 0; e < 32; ++e) q8[b * 34 + 2 + e] = static_cast<uint8_t>(rng());
+  }
+  const HostTensor parts[3] = {
+      F32Tensor(f32, 3, cols),
+      {reinterpret_cast<const uint8_t*>(f16.data()), DType::kF16, 5, cols, 2 * cols},
+      {q8.data(), DType::kQ8_0, 4, cols, (cols / 32) * 34}};
+  absl::StatusOr<Weight> wc = cpu_->PackWeight(parts), wg = cuda_->PackWeight(parts);
+  ASSERT_TRUE(wc.ok() && wg.ok());
+  ASSERT_EQ(wg->rows(), 12);
+  EXPECT_EQ(wg->bytes(), size_t{12} * cols * 2);
+  std::vector<float> c(12 * cols), g(12 * cols);
+  ASSERT_TRUE(cpu_->UnpackWeight(*wc, 0, 12, c.data()).ok());
+  ASSERT_TRUE(cuda_->UnpackWeight(*wg, 0, 12, g.data()).ok());
+  EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(RoundedToBf16(c), g));
+  EXPECT_EQ(cuda_->UnpackWeight(*wg, 10, 3, g.data()).code(), absl::StatusCode::kOutOfRange);
+  const HostTensor bad{nullptr, DType::kI32, 1, cols, 4 * cols};
+  EXPECT_EQ(cuda_->PackWeight({&bad, 1}).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST_F(CudaOpsTest, AllocFailureIsResourceExhaustedNamingBytes) {
+  const size_t huge = size_t{1} << 50;
+  absl::StatusOr<DeviceBuffer> b = cuda_->Alloc(huge);
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(b.status().message().find("1125899906842624"), std::string::npos) << b.status();
+  absl::StatusOr<DeviceBuffer> ok = cuda_->Alloc(1024);  // the error did not stick
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+// Linear against the CPU on the same bf16-rounded x and w (so only the GEMM's f32 accumulation
+// order differs): |Δ| <= 2^-20 * Σ_k |x_k w_k| (k-term f32 sums in two orders, k <= 1536:
+// each within ~k * 2^-24 of the exact sum, far below this bound for random signs). The
+// unrounded comparison, what the model sees, is bounded by bf16 rounding of both factors:
+// 2 * 2^-8 * Σ|x w|.
+TEST_F(CudaOpsTest, LinearMatchesCpuOnBf16Inputs) {
+  for (auto [n, rows, k] : {std::tuple{1, 960, 576}, std::tuple{37, 1536, 576},
+                            std::tuple{5, 576, 1536}, std::tuple{3, 62, 64}}) {
+    const auto x = RandomFloats(n * k, 14 + n);
+    const auto w = RandomFloats(rows * k, 15 + rows);
+    const auto bias = RandomFloats(rows, 16);
+    const auto xr = RoundedToBf16(x), wr = RoundedToBf16(w);
+    std::vector<float> out[3];
+    for (int b = 0; b < 3; ++b) {
+      Backend& be = b == 0 ? *cpu_ : *cuda_;
+      const auto& xs = b == 0 ? xr : b == 1 ? x : xr;
+      const HostTensor t = F32Tensor(b == 0 ? wr : w, rows, k);
+      absl::StatusOr<Weight> pw = be.PackWeight({&t, 1});
+      ASSERT_TRUE(pw.ok()) << pw.status();
+      DeviceBuffer xd = Upload(be, xs), bd = Upload(be, bias),
+                   yd = Upload(be, std::vector<float>(n * rows));
+      be.Linear(xd.as<float>(), n, *pw, bd.as<float>(), yd.as<float>());
+      out[b] = Download<float>(be, yd, n * rows);
+    }
+    EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(out[1], out[2]))
+        << "x is rounded to bf16 on the device exactly as the reference rounds it";
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < rows; ++j) {
+        double mag = 0;
+        for (int e = 0; e < k; ++e) mag += std::abs(double{xr[i * k + e]} * wr[j * k + e]);
+        ASSERT_NEAR(out[0][i * rows + j], out[1][i * rows + j], 0x1p-20 * mag + 1e-6)
+            << "n " << n << " rows " << rows << " k " << k << " at " << i << ", " << j;
+      }
+    }
+  }
+}
+
+// Batch invariance of Linear on the device: row i of x gives the same bits alone, at any place
+// in batches of several sizes, and through LinearRows over a sub-range of the weight's rows.
+// What this measures is cuBLASLt with one algorithm per k (kernels/cuda/linear.h).
+TEST_F(CudaOpsTest, LinearRowIsBitwiseTheSameAloneAndInBatches) {
+  const int32_t rows = 1536, k = 576, max_n = 512;
+  const auto x = RandomFloats(max_n * k, 17);
+  const auto w = RandomFloats(rows * k, 18);
+  const HostTensor t = F32Tensor(w, rows, k);
+  absl::StatusOr<Weight> pw = cuda_->PackWeight({&t, 1});
+  ASSERT_TRUE(pw.ok());
+  DeviceBuffer xd = Upload(*cuda_, x), yd = Upload(*cuda_, std::vector<float>(max_n * rows));
+  cuda_->Linear(xd.as<float>(), max_n, *pw, nullptr, yd.as<float>());
+  const std::vector<float> full = Download<float>(*cuda_, yd, static_cast<size_t>(max_n) * rows);
+  for (int32_t n : {1, 2, 3, 8, 17, 64, 129, 300}) {
+    for (int32_t start : {0, 5, max_n - n}) {
+      cuda_->Linear(xd.as<float>() + int64_t{start} * k, n, *pw, nullptr, yd.as<float>());
+      const std::vector<float> part = Download<float>(*cuda_, yd, static_cast<size_t>(n) * rows);
+      EXPECT_EQ(FirstBitDifference(part.data(), full.data() + int64_t{start} * rows, part.size()),
+                -1)
+          << "rows " << start << ".." << start + n << " of x as a batch of " << n;
+    }
+  }
+  // Rows [384, 384 + 192) of w (a fused projection's K part, as RidgeFill reads it).
+  cuda_->LinearRows(xd.as<float>(), 4, *pw, 384, 192, nullptr, yd.as<float>());
+  const std::vector<float> sub = Download<float>(*cuda_, yd, 4 * 192);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(FirstBitDifference(sub.data() + i * 192, full.data() + int64_t{i} * rows + 384, 192),
+              -1)
+        << "row " << i << " through LinearRows";
+  }
+}
+
+// --- attention ------------------------------------------------------------------------------
+
+struct AttnCase {
+  int32_t num_heads, num_kv_heads, head_dim, block_size;
+  std::vector<int32_t> seq_lens;
+  DType dtype;
+};
+
+// A paged cache holding random K/V for each sequence in shuffled blocks, on one backend, and
+// query rows: every position of each sequence (prefill rows) unless `last_only` (decode rows).
+struct PagedSetup {
+  std::vector<int32_t> positions, seq, offsets, tables;
+  std::vector<float> q;
+  DeviceBuffer k, v, dpos, dseq, doff, dtab, dq, dout;
+  KvLayerView view;
+  AttentionRows rows;
+  int32_t out_width = 0;
+
+  void Build(Backend& b, const AttnCase& c, uint32_t seed, bool last_only, uint32_t layout_seed) {
+    const int32_t width = c.num_kv_heads * c.head_dim;
+    int32_t total_blocks = 0;
+    for (int32_t len : c.seq_lens) total_blocks += (len + c.block_size - 1) / c.block_size;
+    std::vector<int32_t> perm(total_blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(layout_seed));
+    offsets = {0};
+    tables.clear();
+    for (int32_t len : c.seq_lens) {
+      for (int32_t i = 0; i < (len + c.block_size - 1) / c.block_size; ++i) {
+        tables.push_back(perm[tables.size()]);
+      }
+      offsets.push_back(static_cast<int32_t>(tables.size()));
+    }
+    // K/V rows per sequence position (independent of the layout), stored into the slots.
+    std::vector<float> kd, vd;
+    std::vector<int32_t> slots;
+    for (size_t s = 0; s < c.seq_lens.size(); ++s) {
+      const auto ks = RandomFloats(size_t(c.seq_lens[s]) * width, seed + 100 * s);
+      const auto vs = RandomFloats(size_t(c.seq_lens[s]) * width, seed + 100 * s + 1);
+      kd.insert(kd.end(), ks.begin(), ks.end());
+      vd.insert(vd.end(), vs.begin(), vs.end());
+      for (int32_t p = 0; p < c.seq_lens[s]; ++p) {
+        slots.push_back(tables[offsets[s] + p / c.block_size] * c.block_size + p % c.block_size);
+      }
+    }
+    const size_t bytes = ElementBytes(c.dtype) * size_t(total_blocks) * c.block_size * width;
+    k = Upload(b, std::vector<uint8_t>(bytes, 0));
+    v = Upload(b, std::vector<uint8_t>(bytes, 0));
+    view = KvLayerView{k.as<uint8_t>(), v.as<uint8_t>(), c.dtype,   total_blocks,
+                       c.block_size,    c.num_kv_heads,  c.head_dim};
+    {
+      DeviceBuffer kk = Upload(b, kd), vv = Upload(b, vd), ss = Upload(b, slots);
+      b.StoreKv(view, kk.as<float>(), vv.as<float>(), width, static_cast<int32_t>(slots.size()),
+                ss.as<int32_t>());
+      b.Synchronize();
+    }
+    positions.clear();
+    seq.clear();
+    for (size_t s = 0; s < c.seq_lens.size(); ++s) {
+      for (int32_t p = last_only ? c.seq_lens[s] - 1 : 0; p < c.seq_lens[s]; ++p) {
+        positions.push_back(p);
+        seq.push_back(static_cast<int32_t>(s));
+      }
+    }
+    out_width = c.num_heads * c.head_dim;
+    q = RandomFloats(positions.size() * out_width, seed + 7);
+    dpos = Upload(b, positions);
+    dseq = Upload(b, seq);
+    doff = Upload(b, offsets);
+    dtab = Upload(b, tables);
+    dq = Upload(b, q);
+    dout = Upload(b, std::vector<float>(positions.size() * out_width, NAN));
+    rows = AttentionRows{static_cast<int32_t>(positions.size()), dpos.as<int32_t>(),
+                         dseq.as<int32_t>(), doff.as<int32_t>(), dtab.as<int32_t>()};
+  }
+
+  std::vector<float> Run(Backend& b, const AttnCase& c) {
+    b.Attention(dq.as<float>(), out_width, c.num_heads, view, rows,
+                1.0f / std::sqrt(float(c.head_dim)), dout.as<float>());
+    return Download<float>(b, dout, positions.size() * out_width);
+  }
+};
+
+// CUDA vs CPU attention, prefill and decode rows, GQA groups 1..8, head dims 64 and 128, block
+// sizes 16 and 32, every cache dtype, contexts crossing partitions (256) and, at 4500, slots of
+// two partitions. Both compute softmax · V in f32 from the same cached values (widened exactly)
+// in different orders: |Δ| <= 2e-5 (V in [-1, 1], scores O(1)).
+TEST_F(CudaOpsTest, AttentionMatchesCpu) {
+  const std::vector<AttnCase> cases = {
+      {9, 3, 64, 16, {1, 40, 300}, DType::kF32}, {9, 3, 64, 32, {257, 33}, DType::kBF16},
+      {8, 8, 128, 16, {100, 513}, DType::kF16},  {16, 2, 64, 16, {700}, DType::kBF16},
+      {4, 1, 64, 16, {4500}, DType::kF32},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const AttnCase& c = cases[i];
+    for (bool decode : {false, true}) {
+      PagedSetup on_cpu, on_gpu;
+      on_cpu.Build(*cpu_, c, 20 + i, decode, 7);
+      on_gpu.Build(*cuda_, c, 20 + i, decode, 7);
+      const auto a = on_cpu.Run(*cpu_, c), b = on_gpu.Run(*cuda_, c);
+      EXPECT_LE(MaxAbsDiff(a, b), 2e-5) << "case " << i << (decode ? " decode" : " prefill");
+    }
+  }
+}
+
+// Batch invariance on the device: a row's output is bitwise the same whichever kernel ran it
+// (split-KV for <= kSplitMaxRows rows, the walker above), alone or in a batch, and whatever
+// the paging (block size, block order).
+TEST_F(CudaOpsTest, AttentionRowIsBitwiseTheSameAloneInBatchesAndAnyPaging) {
+  const AttnCase c = {9, 3, 64, 16, {600, 90, 4400}, DType::kBF16};
+  PagedSetup all;
+  all.Build(*cuda_, c, 40, /*last_only=*/false, 1);  // 5090 rows: the walker
+  ASSERT_GT(all.positions.size(), size_t(cuda::kSplitMaxRows));
+  const std::vector<float> batch = all.Run(*cuda_, c);
+  // Each sequence's last rows alone (1 row: split-KV) and a few rows together (split-KV).
+  for (size_t r : {size_t{599}, size_t{689}, all.positions.size() - 1, size_t{0}, size_t{300}}) {
+    PagedSetup one;
+    one.Build(*cuda_, c, 40, false, 1);
+    one.positions = {all.positions[r]};
+    one.seq = {all.seq[r]};
+    one.q.assign(all.q.begin() + r * all.out_width, all.q.begin() + (r + 1) * all.out_width);
+    one.dpos = Upload(*cuda_, one.positions);
+    one.dseq = Upload(*cuda_, one.seq);
+    one.dq = Upload(*cuda_, one.q);
+    one.rows.num_rows = 1;
+    one.rows.positions = one.dpos.as<int32_t>();
+    one.rows.seq = one.dseq.as<int32_t>();
+    const std::vector<float> alone = one.Run(*cuda_, c);
+    EXPECT_EQ(FirstBitDifference(alone.data(), batch.data() + r * all.out_width, alone.size()), -1)
+        << "row " << r << " (position " << all.positions[r] << ") alone vs in 5090 rows";
+  }
+  // Decode rows of the three sequences (3 rows: split-KV) with another block size and order.
+  AttnCase c32 = c;
+  c32.block_size = 32;
+  PagedSetup decode;
+  decode.Build(*cuda_, c32, 40, /*last_only=*/true, 99);
+  decode.q.clear();
+  size_t row = 0;
+  std::vector<size_t> last_rows;
+  for (int32_t len : c.seq_lens) {
+    row += len;
+    last_rows.push_back(row - 1);
+    decode.q.insert(decode.q.end(), all.q.begin() + (row - 1) * all.out_width,
+                    all.q.begin() + row * all.out_width);
+  }
+  decode.dq = Upload(*cuda_, decode.q);
+  const std::vector<float> dec = decode.Run(*cuda_, c32);
+  for (size_t s = 0; s < last_rows.size(); ++s) {
+    EXPECT_EQ(FirstBitDifference(dec.data() + s * all.out_width,
+                                 batch.data() + last_rows[s] * all.out_width, all.out_width),
+              -1)
+        << "sequence " << s << ": decode row with block size 32 vs prefill row with 16";
+  }
+}
+
+}  // namespace
+}  // namespace ridgeserve

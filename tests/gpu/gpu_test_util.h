@@ -1,0 +1,66 @@
+// Helpers of the GPU tests: skip without a device, copy vectors to and from a backend, error
+// measures. Tests use the Backend interface only, so the same code feeds the CPU reference.
+#ifndef RIDGESERVE_TESTS_GPU_GPU_TEST_UTIL_H_
+#define RIDGESERVE_TESTS_GPU_GPU_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+
+// Ends the test as SKIPPED (ctest shows it skipped, not passed) on a machine without a GPU.
+#define RS_REQUIRE_CUDA_DEVICE()                                  \
+  do {                                                            \
+    if (::ridgeserve::CudaDeviceCount() == 0) {                   \
+      GTEST_SKIP() << "no CUDA device visible: GPU test skipped"; \
+    }                                                             \
+  } while (0)
+
+namespace ridgeserve::testing {
+
+// A copy of `v` in `backend`'s memory.
+template <typename T>
+DeviceBuffer Upload(Backend& backend, const std::vector<T>& v) {
+  absl::StatusOr<DeviceBuffer> buffer = backend.Alloc(sizeof(T) * std::max<size_t>(v.size(), 1));
+  EXPECT_TRUE(buffer.ok()) << buffer.status();
+  if (!v.empty()) backend.CopyToDevice(buffer->as<void>(), v.data(), sizeof(T) * v.size());
+  return std::move(*buffer);
+}
+
+template <typename T>
+std::vector<T> Download(Backend& backend, const DeviceBuffer& buffer, size_t n) {
+  std::vector<T> v(n);
+  if (n > 0) backend.CopyToHost(v.data(), buffer.as<void>(), sizeof(T) * n);
+  return v;
+}
+
+inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = a.size() == b.size() ? 0.0 : INFINITY;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const double d = std::abs(double{a[i]} - double{b[i]});
+    if (!(d <= worst)) worst = d;  // NaN counts as worst
+  }
+  return worst;
+}
+
+inline double MaxAbs(const std::vector<float>& a) {
+  double m = 0.0;
+  for (float x : a) m = std::max(m, std::abs(double{x}));
+  return m;
+}
+
+// Every CUDA test makes its own backend; nullptr (and the test skips) without a device.
+inline std::unique_ptr<Backend> MakeCudaBackend() {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCudaBackend(0);
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? std::move(*backend) : nullptr;
+}
+
+}  // namespace ridgeserve::testing
+
+#endif  // RIDGESERVE_TESTS_GPU_GPU_TEST_UTIL_H_

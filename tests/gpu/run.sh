@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The GPU session's one script (a lent H200: 16 cores, ~139 GiB, no network; < 8 minutes).
+# From the repository root:  tests/gpu/run.sh [OUT_DIR]   (default: $OUT, else /tmp/ridgeserve-gpu-out)
+#
+#  1. Build. Configure build-gpu with CUDA (Release, CMAKE_CUDA_ARCHITECTURES=90) and build only
+#     the GPU tests and cuda_bench with -j16. If the machine's image lacks the project's
+#     libraries (absl, GTest, OpenBLAS, ...: the configure fails), the binaries prebuilt on a
+#     development machine by tests/gpu/prepare_prebuilt.sh are used from gpu-prebuilt/ (carry
+#     that folder) with its libraries on LD_LIBRARY_PATH.
+#  2. Tests: every GPU test binary (ops vs CPU, batch invariance, the default model vs CPU, NCCL
+#     with one rank, the registry, the planner); pass / fail / skip counts per binary.
+#  3. Speed: prefill tokens/s at 512 and 2048 and single-stream decode tokens/s of the default
+#     model on CUDA and on the CPU (16 threads), in this same run.
+#  4. A summary (also OUT_DIR/summary.txt).
+# The default model must be at $MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf); without
+# it the model test skips and the speed step says "not measured". The file (98 MB) is over the
+# device tool's 64 MiB per-call transfer, so it goes in two calls: tests/gpu/prepare_prebuilt.sh
+# splits it into gpu-model/part.aa, part.ab (+ model.sha256); call 1 carries gpu-model/part.aa
+# and copies it to /tmp/rs-model/, call 2 carries gpu-model/part.ab (and the sha256) and runs
+# this script, which joins /tmp/rs-model/part.* and gpu-model/part.* and checks the sum.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT_DIR=${1:-${OUT:-/tmp/ridgeserve-gpu-out}}
+mkdir -p "$OUT_DIR"
+MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
+BUILD=${BUILD:-build-gpu}
+JOBS=${JOBS:-16}
+START=$(date +%s)
+if [ ! -f "$MODEL" ] && ls /tmp/rs-model/part.* gpu-model/part.* >/dev/null 2>&1; then
+  mkdir -p /tmp/rs-model
+  cp -n gpu-model/part.* /tmp/rs-model/ 2>/dev/null || true
+  cat /tmp/rs-model/part.* >/tmp/rs-model/model.gguf
+  MODEL=/tmp/rs-model/model.gguf
+  if [ -f gpu-model/model.sha256 ] &&
+     [ "$(sha256sum "$MODEL" | cut -d' ' -f1)" != "$(cut -d' ' -f1 gpu-model/model.sha256)" ]; then
+    echo "model parts joined to a file with the wrong sha256: not used"
+    MODEL=/nonexistent
+  fi
+fi
+SUMMARY="$OUT_DIR/summary.txt"
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+elapsed() { echo $(($(date +%s) - START)); }
+
+TESTS=(cuda_attention_plan_test backend_registry_test cuda_ops_test nccl_communicator_test
+       cuda_model_test)
+say "== ridgeserve GPU run $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$SUMMARY"
+
+# --- 1. build -------------------------------------------------------------------------------
+BIN=""
+if timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
+     -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT_DIR/configure.log" 2>&1; then
+  if timeout 300 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}" cuda_bench \
+       >"$OUT_DIR/build.log" 2>&1; then
+    BIN="$BUILD/bin"
+    say "build: built here in $(elapsed) s"
+  else
+    say "build: FAILED after $(elapsed) s (tail of $OUT_DIR/build.log:)"
+    grep -E "error|FAILED" "$OUT_DIR/build.log" | head -20 | tee -a "$SUMMARY"
+  fi
+else
+  say "build: configure failed here (see $OUT_DIR/configure.log: $(grep -m1 -E 'Could not find|CMake Error' "$OUT_DIR/configure.log"))"
+fi
+if [ -z "$BIN" ] && [ -d gpu-prebuilt/bin ]; then
+  BIN=gpu-prebuilt/bin
+  # The prebuilt folder holds the project's non-CUDA libraries; CUDA's come from this image.
+  CUDA_LIBS=$(dirname "$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/lib/x86_64-linux-gnu \
+    $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+    -name 'libcublasLt.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+  NCCL_LIBS=$(dirname "$(find /usr/local/cuda*/lib* /usr/lib/x86_64-linux-gnu \
+    $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
+    -name 'libnccl.so.2*' 2>/dev/null | head -1)" 2>/dev/null)
+  export LD_LIBRARY_PATH="$PWD/gpu-prebuilt/lib:${CUDA_LIBS}:${NCCL_LIBS}:${LD_LIBRARY_PATH:-}"
+  say "build: using prebuilt binaries from gpu-prebuilt/ (CUDA libraries from ${CUDA_LIBS:-?})"
+fi
+if [ -z "$BIN" ]; then
+  say "RESULT: nothing to run (no build, no gpu-prebuilt/)"
+  exit 1
+fi
+
+# --- 2. tests -------------------------------------------------------------------------------
+export RIDGESERVE_MODEL="$MODEL"
+FAILED=0
+for t in "${TESTS[@]}"; do
+  log="$OUT_DIR/$t.log"
+  if [ ! -x "$BIN/$t" ]; then
+    say "test $t: MISSING binary"
+    FAILED=1
+    continue
+  fi
+  timeout 150 "$BIN/$t" --gtest_color=no >"$log" 2>&1
+  rc=$?
+  passed=$(grep -c '^\[       OK \]' "$log")
+  skipped=$(grep -c '^\[  SKIPPED \] .*(' "$log")
+  failed=$(grep -c '^\[  FAILED  \] .*(' "$log")
+  say "test $t: rc $rc, $passed passed, $failed failed, $skipped SKIPPED"
+  grep -E '^\[ measured \]' "$log" | tee -a "$SUMMARY"
+  if [ "$rc" -ne 0 ]; then
+    FAILED=1
+    grep -E -A3 'Failure|FAILED  \]|fatal' "$log" | head -30 | tee -a "$SUMMARY"
+  fi
+done
+say "tests done at $(elapsed) s"
+
+# --- 3. speed -------------------------------------------------------------------------------
+if [ -f "$MODEL" ]; then
+  for backend in cuda cpu; do
+    if [ "$(elapsed)" -gt 400 ]; then
+      say "speed $backend: skipped (the run is at $(elapsed) s of its 8-minute budget)"
+      continue
+    fi
+    if timeout 60 "$BIN/cuda_bench" --backend "$backend" --model "$MODEL" --threads 16 \
+         --prefill_tokens 512,2048 --decode_tokens 128 --repeats 2 \
+         >"$OUT_DIR/bench_$backend.json" 2>"$OUT_DIR/bench_$backend.err"; then
+      say "speed $backend: $(cat "$OUT_DIR/bench_$backend.json")"
+    else
+      say "speed $backend: FAILED or timed out ($(tail -1 "$OUT_DIR/bench_$backend.err"))"
+    fi
+  done
+else
+  say "speed: not measured ($MODEL is not on this machine)"
+fi
+
+say "== done in $(elapsed) s; $([ $FAILED -eq 0 ] && echo 'all GPU tests passed or skipped' || echo 'SOME GPU TESTS FAILED')"
+exit $FAILED
