@@ -5,6 +5,7 @@ MAPS := models/SmolLM2-135M-Instruct.Q4_1.rfmap
 JOBS ?= $(shell nproc)
 
 .PHONY: all deps build model maps serve test format clean
+.PHONY: test-hardening test-fuzz
 
 all: build
 
@@ -33,6 +34,25 @@ serve: build model
 
 test: maps
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
+
+# Hardening (README "Reliability"), after `make test` in CI, in a build dir of its own.
+# test-fuzz: the libFuzzer targets (clang 14: coverage + ASan + UBSan) on their committed
+#   corpora (tests/fuzz/corpus/), then FUZZ_SECONDS of fuzzing each.
+FUZZ_SECONDS ?= 20
+# The fuzzers at -O2, where executions per second count.
+FUZZ_CMAKE := -G Ninja -DRIDGESERVE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1" -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -g1"
+FUZZ_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined \
+  -fno-omit-frame-pointer
+
+test-hardening: test-fuzz
+
+test-fuzz: deps model
+	CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz $(FUZZ_CMAKE) -DRIDGESERVE_FUZZ=ON \
+	  -DCMAKE_C_FLAGS="$(FUZZ_FLAGS)" -DCMAKE_CXX_FLAGS="$(FUZZ_FLAGS)" \
+	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
+	cmake --build build-fuzz --target fuzzers -j $(JOBS)
+	tests/fuzz/run_fuzzers.sh build-fuzz $(FUZZ_SECONDS)
 
 format:
 	git ls-files '*.h' '*.cc' '*.cu' | xargs clang-format -i

@@ -9,6 +9,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev prometheus
   python3-venv unzip bible-kjv jargon-text
+  # make test-hardening: libFuzzer and the sanitizer runtimes for clang 14 (gcc's come with g++)
+  clang-14 libclang-rt-14-dev libomp-14-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -246,9 +246,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsModel>> SafetensorsModel::Open(const s
             absl::StrCat(shard_path, ": shard listed in ", index_path, " does not exist"));
       }
       // The index is authoritative: a tensor is taken from the shard it names.
+      // Captured by a named reference: clang 14 (the fuzz build) cannot capture a structured
+      // binding.
+      const std::string& this_shard = shard;
       auto listed_here = [&](const std::string& name) {
         auto it = weight_map->find(name);
-        return it != weight_map->end() && it->second == shard;
+        return it != weight_map->end() && it->second == this_shard;
       };
       if (absl::Status s = impl->AddShard(shard_path, listed_here); !s.ok()) return s;
     }
