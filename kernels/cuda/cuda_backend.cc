@@ -209,24 +209,12 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  // Backend::Embed is gaining id_begin (vocabulary-parallel ranks); until every tree has the new
-  // signature, both forms are here and whichever the interface declares is the override (so
-  // neither can be marked `override`). Then keep the first, marked override.
-#if defined(__clang__)
-#pragma clang diagnostic push
-#pragma clang diagnostic ignored "-Winconsistent-missing-override"
-#endif
-  void Embed(const Weight& table, int64_t id_begin, const int32_t* ids, int32_t n, float* out) {
+  void Embed(const Weight& table, int64_t id_begin, const int32_t* ids, int32_t n,
+             float* out) override {
     SetDevice();
     cuda::LaunchEmbed(Packed(table).data(), table.rows(), table.cols(), id_begin, ids, n, out,
                       stream_);
   }
-  void Embed(const Weight& table, const int32_t* ids, int32_t n, float* out) {
-    Embed(table, 0, ids, n, out);
-  }
-#if defined(__clang__)
-#pragma clang diagnostic pop
-#endif
 
   void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
                float* out) override {

@@ -168,33 +168,14 @@ TEST_F(CudaOpsTest, StoreKvIsBitwiseCpu) {
   }
 }
 
-// Whether Backend::Embed takes an id_begin (vocabulary-parallel ranks; the interface is gaining
-// it): the test runs against either form.
-template <typename B>
-constexpr bool kEmbedHasIdBegin = requires(B& b, const Weight& w, const int32_t* ids, float* out) {
-  b.Embed(w, int64_t{0}, ids, int32_t{0}, out);
-};
-
-template <typename B>
-void EmbedFrom(B& b, const Weight& w, int64_t id_begin, const int32_t* ids, int32_t n, float* out) {
-  if constexpr (kEmbedHasIdBegin<B>) {
-    b.Embed(w, id_begin, ids, n, out);
-  } else {
-    (void)id_begin;
-    b.Embed(w, ids, n, out);
-  }
-}
-
 // A table of bf16-representable values: Embed is exact on both, and ids outside the table's
 // rows (a vocabulary-parallel rank's) give zeros.
 TEST_F(CudaOpsTest, EmbedIsExactForBf16Values) {
   const int64_t rows = 50, dim = 64;
   const auto table = RoundedToBf16(RandomFloats(rows * dim, 11));
   // With id_begin 10 the table holds ids 10..59: 9 and 100 are another rank's (zeros).
-  const std::vector<int32_t> ids = kEmbedHasIdBegin<Backend>
-                                       ? std::vector<int32_t>{10, 59, 9, 100, 30}
-                                       : std::vector<int32_t>{0, 49, 3};
-  const int64_t id_begin = kEmbedHasIdBegin<Backend> ? 10 : 0;
+  const std::vector<int32_t> ids = {10, 59, 9, 100, 30};
+  const int64_t id_begin = 10;
   std::vector<float> results[2];
   Backend* backends[2] = {cpu_.get(), cuda_.get()};
   for (int b = 0; b < 2; ++b) {
@@ -203,13 +184,11 @@ TEST_F(CudaOpsTest, EmbedIsExactForBf16Values) {
     ASSERT_TRUE(w.ok()) << w.status();
     DeviceBuffer id = Upload(*backends[b], ids);
     DeviceBuffer out = Upload(*backends[b], std::vector<float>(ids.size() * dim, -1.0f));
-    EmbedFrom(*backends[b], *w, id_begin, id.as<int32_t>(), ids.size(), out.as<float>());
+    backends[b]->Embed(*w, id_begin, id.as<int32_t>(), ids.size(), out.as<float>());
     results[b] = Download<float>(*backends[b], out, ids.size() * dim);
   }
   EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(results[0], results[1]));
-  if (kEmbedHasIdBegin<Backend>) {
-    EXPECT_EQ(results[1][2 * dim], 0.0f);  // id 9 < id_begin
-  }
+  EXPECT_EQ(results[1][2 * dim], 0.0f);  // id 9 < id_begin
 }
 
 // PackWeight keeps bf16(DequantizeRow(x)): UnpackWeight gives the CPU's unpacked values rounded
