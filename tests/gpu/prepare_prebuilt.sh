@@ -20,7 +20,7 @@ for t in "${TARGETS[@]}"; do
   cp "$BUILD/bin/$t" gpu-prebuilt/bin/
   ldd "$BUILD/bin/$t" | awk '/=> \// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
-      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|libcudart.so*|\
+      libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libcuda.so*|\
       libcublas*|libnccl.so*) ;;
       *) cp -n "$lib" gpu-prebuilt/lib/ ;;
     esac

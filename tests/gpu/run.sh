@@ -6,7 +6,7 @@
 #     the GPU tests and cuda_bench with -j16. If the machine's image lacks the project's
 #     libraries (absl, GTest, OpenBLAS, ...: the configure fails), the binaries prebuilt on a
 #     development machine by tests/gpu/prepare_prebuilt.sh are used from gpu-prebuilt/ (carry
-#     that folder) with its libraries on LD_LIBRARY_PATH.
+#     that folder) with its libraries on LD_LIBRARY_PATH; USE_PREBUILT=1 goes there directly.
 #  2. Tests: every GPU test binary (ops vs CPU, batch invariance, the default model vs CPU, NCCL
 #     with one rank, the registry, the planner); pass / fail / skip counts per binary.
 #  3. Speed: prefill tokens/s at 512 and 2048 and single-stream decode tokens/s of the default
@@ -49,7 +49,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 # --- 1. build -------------------------------------------------------------------------------
 BIN=""
-if timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
+if [ "${USE_PREBUILT:-0}" = 1 ]; then
+  say "build: skipped (USE_PREBUILT=1)"
+elif timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT_DIR/configure.log" 2>&1; then
   if timeout 300 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}" cuda_bench \
        >"$OUT_DIR/build.log" 2>&1; then
@@ -82,6 +84,7 @@ fi
 # --- 2. tests -------------------------------------------------------------------------------
 export RIDGESERVE_MODEL="$MODEL"
 FAILED=0
+SKIPPED_TOTAL=0
 for t in "${TESTS[@]}"; do
   log="$OUT_DIR/$t.log"
   if [ ! -x "$BIN/$t" ]; then
@@ -94,6 +97,7 @@ for t in "${TESTS[@]}"; do
   passed=$(grep -c '^\[       OK \]' "$log")
   skipped=$(grep -c '^\[  SKIPPED \] .*(' "$log")
   failed=$(grep -c '^\[  FAILED  \] .*(' "$log")
+  SKIPPED_TOTAL=$((SKIPPED_TOTAL + skipped))
   say "test $t: rc $rc, $passed passed, $failed failed, $skipped SKIPPED"
   grep -E '^\[ measured \]' "$log" | tee -a "$SUMMARY"
   if [ "$rc" -ne 0 ]; then
@@ -113,7 +117,7 @@ if [ -f "$MODEL" ]; then
     if timeout 60 "$BIN/cuda_bench" --backend "$backend" --model "$MODEL" --threads 16 \
          --prefill_tokens 512,2048 --decode_tokens 128 --repeats 2 \
          >"$OUT_DIR/bench_$backend.json" 2>"$OUT_DIR/bench_$backend.err"; then
-      say "speed $backend: $(cat "$OUT_DIR/bench_$backend.json")"
+      say "speed $backend: $(grep '^{' "$OUT_DIR/bench_$backend.json" | tail -1)"
     else
       say "speed $backend: FAILED or timed out ($(tail -1 "$OUT_DIR/bench_$backend.err"))"
     fi
@@ -122,5 +126,6 @@ else
   say "speed: not measured ($MODEL is not on this machine)"
 fi
 
+[ "$SKIPPED_TOTAL" -gt 0 ] && say "NOTE: $SKIPPED_TOTAL GPU test(s) SKIPPED, i.e. not run (no device, or no model)"
 say "== done in $(elapsed) s; $([ $FAILED -eq 0 ] && echo 'all GPU tests passed or skipped' || echo 'SOME GPU TESTS FAILED')"
 exit $FAILED
