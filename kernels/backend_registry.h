@@ -31,9 +31,24 @@ std::vector<std::string_view> BuiltInBackends();
 // The backend called `name`:
 //   InvalidArgument for a name no build has (naming the built-in ones);
 //   Unimplemented for "cuda" in a build without it;
+//   FailedPrecondition naming the file when its module cannot be loaded;
 //   FailedPrecondition "no CUDA device visible" when it is built but no device can be used.
+//
+// The CUDA backend lives in a module, rs_backend_cuda.so beside the executable, loaded on the
+// first request for it: binaries never link the CUDA libraries, so a CPU server does not load
+// ~1 GB of them, and their static thread-local storage (92 KiB in cuBLASLt) is not reserved in
+// every thread's stack, which makes threads created with small stacks fail (civetweb's,
+// behind /metrics: measured, `mg_start` returns null with cuBLASLt linked).
 absl::StatusOr<std::unique_ptr<Backend>> CreateBackend(std::string_view name,
                                                        const BackendOptions& options);
+
+// A symbol of backend `name`'s module (loading it on first use), for what the module provides
+// beside the backend (the CUDA module: NCCL communicators). Errors as CreateBackend's.
+absl::StatusOr<void*> BackendModuleSymbol(std::string_view name, const char* symbol);
+
+// The module's entry point that CreateBackend("cuda") calls.
+inline constexpr char kCudaModuleCreateBackend[] = "ridgeserve_cuda_create_backend";
+using CreateModuleBackendFn = absl::StatusOr<std::unique_ptr<Backend>> (*)(int device);
 
 }  // namespace ridgeserve
 

@@ -21,6 +21,7 @@
 #include "engine/common/status_macros.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
+#include "engine/parallel/rank_group.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -123,8 +124,9 @@ absl::Status CheckFlags() {
   if (backend != "cpu" && backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda, got ", backend));
   }
-  if (absl::GetFlag(FLAGS_tensor_parallel) != 1) {
-    return absl::UnimplementedError("--tensor_parallel: only 1 is supported on the cpu backend");
+  if (absl::GetFlag(FLAGS_tensor_parallel) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tensor_parallel must be >= 1, got ", absl::GetFlag(FLAGS_tensor_parallel)));
   }
   const int32_t port = absl::GetFlag(FLAGS_port);
   if (port < 0 || port > 65535) {
@@ -273,8 +275,9 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
     spdlog::info("cpu kernels: {} path (from CPUID; RIDGESERVE_CPU_ISA overrides), {} activations",
                  cpu::IsaName(isa), cpu::ActivationsName(activations));
   }
-  absl::StatusOr<std::unique_ptr<Backend>> created = CreateBackend(
-      absl::GetFlag(FLAGS_backend),
+  const int32_t tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  absl::StatusOr<RankGroup> created = CreateRankGroup(
+      absl::GetFlag(FLAGS_backend), tensor_parallel,
       {.num_threads = absl::GetFlag(FLAGS_threads), .isa = isa, .activations = activations});
   if (!created.ok()) {
     // A backend this binary or machine lacks ("no CUDA device visible"): one line, exit 2.
@@ -282,19 +285,30 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
                   std::string(created.status().message()));
     std::exit(2);
   }
-  std::unique_ptr<Backend> backend = std::move(*created);
+  const RankGroup ranks = *std::move(created);
+  Backend& backend = *ranks.backends.front();
   const std::string model_path = absl::GetFlag(FLAGS_model);
   const absl::Time load_start = absl::Now();
-  RS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, LoadModel(model_path, *backend));
+  absl::StatusOr<std::unique_ptr<Model>> loaded =
+      LoadModel(model_path, ranks.backend_ptrs(), ranks.comms);
+  if (!loaded.ok() && tensor_parallel > 1 &&
+      absl::StrContains(loaded.status().message(), "tensor parallel")) {
+    // A size the model's heads or widths do not divide: one line naming the numbers, exit 2.
+    spdlog::error("--tensor_parallel {}: {}", tensor_parallel,
+                  std::string(loaded.status().message()));
+    std::exit(2);
+  }
+  RS_RETURN_IF_ERROR(loaded.status());
+  std::unique_ptr<Model> model = *std::move(loaded);
   RS_ASSIGN_OR_RETURN(const DType kv_dtype,
-                      ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), *backend));
-  model->llama->SetKvCacheDType(kv_dtype);
+                      ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), backend));
+  for (LlamaModel* rank : model->rank_models()) {
+    rank->SetKvCacheDType(kv_dtype);
+    rank->SetRidgeFillMaxLeverage(static_cast<float>(absl::GetFlag(FLAGS_ridgefill_max_leverage)));
+  }
   spdlog::info("loaded {} ({}, {} layers, context {}) in {:.2f} s", model_path,
                model->config.arch_name, model->config.num_layers, model->config.context_length,
                absl::ToDoubleSeconds(absl::Now() - load_start));
-
-  model->llama->SetRidgeFillMaxLeverage(
-      static_cast<float>(absl::GetFlag(FLAGS_ridgefill_max_leverage)));
 
   EngineOptions engine_options;
   engine_options.ridgefill_sink_tokens = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
@@ -307,12 +321,12 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
   {
     const EngineStats stats = engine->stats();
-    const KvCacheShape kv{model->config.num_layers, model->config.num_kv_heads,
+    const KvCacheShape kv{model->config.num_layers, model->llama->shard().num_kv_heads,
                           model->config.head_dim,   stats.kv_block_size,
                           stats.kv_blocks_total,    kv_dtype};
-    spdlog::info("KV cache: {} tokens of {} ({} bytes a token, {:.1f} MiB)",
+    spdlog::info("KV cache: {} tokens of {} ({} bytes a token{}, {:.1f} MiB)",
                  int64_t{stats.kv_blocks_total} * stats.kv_block_size, KvCacheDTypeName(kv_dtype),
-                 kv.BytesPerToken(),
+                 kv.BytesPerToken(), tensor_parallel > 1 ? " per rank" : "",
                  static_cast<double>(kv.BytesPerToken()) * stats.kv_blocks_total *
                      stats.kv_block_size / (1 << 20));
   }

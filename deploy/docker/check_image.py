@@ -288,9 +288,22 @@ def main():
         for p in pkgs:
             expect(installed(p) or apt_knows(p), f"{PACKAGES}: unknown Debian package {p}")
         libs = {}  # library path: binaries needing it
+        # The CUDA toolkit's libraries (only the cuda target's rs_backend_cuda.so needs them)
+        # come from NVIDIA's packages, which the cuda stage installs by name.
+        cuda_packages = {"libcudart": "cuda-cudart-", "libcublas": "libcublas-",
+                         "libnccl": "libnccl2"}
         for target in TARGETS:
             for name, path in copied_binaries(target, bin_dir).items():
                 for lib in ldd_libraries(path):
+                    if lib.startswith("/usr/local/cuda/"):
+                        base = os.path.basename(lib)
+                        pkg = next((v for k, v in cuda_packages.items() if base.startswith(k)),
+                                   None)
+                        stage_text = " ".join(rest for _, rest in chain(target))
+                        expect(target == "cuda" and pkg is not None and pkg in stage_text,
+                               f"{target}: {name} needs {base}, which its stage does not "
+                               "install")
+                        continue
                     libs.setdefault(lib, set()).add(name)
         owners = dpkg_owners(list(libs) + INIT_TOOLS + [JARGON])
         needed = set()

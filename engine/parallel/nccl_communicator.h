@@ -49,6 +49,12 @@ class NcclCommunicatorGroup {
   std::vector<std::unique_ptr<Communicator>> ranks_;
 };
 
+// The CUDA module's entry point for a group (kernels/backend_registry.h: the module is loaded
+// with dlopen, so nothing links NCCL but the module itself).
+inline constexpr char kCudaModuleCreateNcclGroup[] = "ridgeserve_cuda_create_nccl_group";
+using CreateNcclGroupFn =
+    absl::StatusOr<std::shared_ptr<NcclCommunicatorGroup>> (*)(std::span<Backend* const> backends);
+
 }  // namespace ridgeserve
 
 #endif  // RIDGESERVE_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_

@@ -1,32 +1,35 @@
-// What a tensor-parallel group runs on: one backend and one communicator per rank. On the
-// CPU, ranks share the machine's cores (each backend gets its share of the threads) and meet
-// in a ThreadCommunicatorGroup.
+// What a tensor-parallel group runs on: one backend and one communicator per rank, made from
+// the backend's name through the registry. On the CPU the ranks share the machine's cores
+// (each backend gets its share of the threads) and meet in a ThreadCommunicatorGroup; on CUDA
+// rank r drives device r and the ranks meet through NCCL.
 #ifndef RIDGESERVE_ENGINE_PARALLEL_RANK_GROUP_H_
 #define RIDGESERVE_ENGINE_PARALLEL_RANK_GROUP_H_
 
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "engine/parallel/thread_communicator.h"
+#include "engine/parallel/communicator.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/linear.h"
+#include "kernels/backend_registry.h"
 
 namespace ridgeserve {
 
 struct RankGroup {
   std::vector<std::unique_ptr<Backend>> backends;  // [rank]
-  std::unique_ptr<ThreadCommunicatorGroup> thread_comms;
+  std::vector<Communicator*> comms;                // [rank]; empty at size 1
+  std::shared_ptr<void> comms_owner;               // the group the communicators belong to
 
   int size() const { return static_cast<int>(backends.size()); }
   std::vector<Backend*> backend_ptrs() const;
-  // Empty at size 1 (no collectives).
-  std::vector<Communicator*> communicators() const;
 };
 
-// `size` CPU backends with `threads` threads between them (0: all cores; each rank at least
-// one), on the kernel path CPUID picks (RIDGESERVE_CPU_ISA overrides).
-absl::StatusOr<RankGroup> CreateCpuRankGroup(int size, int threads, cpu::Activations activations);
+// `size` backends called `name` (CreateBackend; CUDA rank r on device r, so more ranks than
+// devices fail there naming the device). options.num_threads is the CPU threads of the whole
+// group (<= 0: all cores; each rank gets at least one). Errors are CreateBackend's, NCCL's, or
+// InvalidArgument for size < 1.
+absl::StatusOr<RankGroup> CreateRankGroup(std::string_view name, int size, BackendOptions options);
 
 }  // namespace ridgeserve
 

@@ -107,13 +107,16 @@ class Eval {
   absl::Status Init() {
     RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
                         cpu::ParseActivations(absl::GetFlag(FLAGS_cpu_activations)));
-    RS_ASSIGN_OR_RETURN(ranks_, CreateCpuRankGroup(absl::GetFlag(FLAGS_tensor_parallel),
-                                                   absl::GetFlag(FLAGS_threads), activations));
+    RS_ASSIGN_OR_RETURN(const cpu::Isa isa, cpu::IsaFromEnvironment());
+    RS_ASSIGN_OR_RETURN(ranks_, CreateRankGroup("cpu", absl::GetFlag(FLAGS_tensor_parallel),
+                                                {.num_threads = absl::GetFlag(FLAGS_threads),
+                                                 .isa = isa,
+                                                 .activations = activations}));
     backend_ = ranks_.backends.front().get();
     const std::string path = absl::GetFlag(FLAGS_model);
     if (path.empty()) return absl::InvalidArgumentError("--model is required");
     const auto start = Clock::now();
-    RS_ASSIGN_OR_RETURN(model_, LoadModel(path, ranks_.backend_ptrs(), ranks_.communicators()));
+    RS_ASSIGN_OR_RETURN(model_, LoadModel(path, ranks_.backend_ptrs(), ranks_.comms));
     RS_ASSIGN_OR_RETURN(const DType kv_dtype,
                         ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), *backend_));
     for (LlamaModel* rank : model_->rank_models()) rank->SetKvCacheDType(kv_dtype);

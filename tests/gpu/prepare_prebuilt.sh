@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-cuda}
 TARGETS=(cuda_attention_plan_test backend_registry_test cuda_ops_test nccl_communicator_test
-         cuda_model_test cuda_bench)
+         cuda_model_test cuda_bench rs_backend_cuda)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DRIDGESERVE_NATIVE=OFF >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}"
@@ -17,6 +17,7 @@ grep -qx '/gpu-prebuilt/' .git/info/exclude 2>/dev/null || echo '/gpu-prebuilt/'
 rm -rf gpu-prebuilt
 mkdir -p gpu-prebuilt/bin gpu-prebuilt/lib
 for t in "${TARGETS[@]}"; do
+  [ "$t" = rs_backend_cuda ] && t=rs_backend_cuda.so  # the module the registry loads
   cp "$BUILD/bin/$t" gpu-prebuilt/bin/
   ldd "$BUILD/bin/$t" | awk '/=> \// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in

@@ -169,11 +169,12 @@ class TensorParallelModelTest : public DefaultModelTest {
   static constexpr int kRanks = 3;
   static void SetUpTestSuite() {
     DefaultModelTest::SetUpTestSuite();
-    auto group = CreateCpuRankGroup(kRanks, 0, cpu::Activations::kF32);
+    auto isa = cpu::IsaFromEnvironment();  // the fixture's path (RIDGESERVE_CPU_ISA)
+    ASSERT_TRUE(isa.ok()) << isa.status();
+    auto group = CreateRankGroup("cpu", kRanks, {.isa = *isa});
     ASSERT_TRUE(group.ok()) << group.status();
     group_ = new RankGroup(*std::move(group));
-    auto model =
-        LoadModel(RIDGESERVE_DEFAULT_MODEL, group_->backend_ptrs(), group_->communicators());
+    auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, group_->backend_ptrs(), group_->comms);
     ASSERT_TRUE(model.ok()) << model.status();
     sharded_ = model->release();
   }
