@@ -27,8 +27,14 @@ absl::StatusOr<void*> CudaModule() {
       path = env;
     } else {
       char exe[PATH_MAX];
-      const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-      path = n > 0 ? std::string(exe, n) : std::string();
+      const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe));
+      if (n <= 0 || n == static_cast<ssize_t>(sizeof(exe))) {
+        handle = absl::FailedPreconditionError(
+            "cannot find the CUDA backend module: /proc/self/exe does not resolve (set "
+            "RIDGESERVE_CUDA_MODULE)");
+        return;
+      }
+      path = std::string(exe, n);
       path = path.substr(0, path.rfind('/') + 1) + "rs_backend_cuda.so";
     }
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);

@@ -34,7 +34,8 @@ std::vector<std::string_view> BuiltInBackends();
 //   FailedPrecondition naming the file when its module cannot be loaded;
 //   FailedPrecondition "no CUDA device visible" when it is built but no device can be used.
 //
-// The CUDA backend lives in a module, rs_backend_cuda.so beside the executable, loaded on the
+// The CUDA backend lives in a module, rs_backend_cuda.so beside the executable (or the path in
+// $RIDGESERVE_CUDA_MODULE), loaded on the
 // first request for it: binaries never link the CUDA libraries, so a CPU server does not load
 // ~1 GB of them, and their static thread-local storage (92 KiB in cuBLASLt) is not reserved in
 // every thread's stack, which makes threads created with small stacks fail (civetweb's,

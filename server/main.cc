@@ -292,7 +292,8 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   absl::StatusOr<std::unique_ptr<Model>> loaded =
       LoadModel(model_path, ranks.backend_ptrs(), ranks.comms);
   if (!loaded.ok() && tensor_parallel > 1 &&
-      absl::StrContains(loaded.status().message(), "tensor parallel")) {
+      (absl::StrContains(loaded.status().message(), "tensor parallel ") ||
+       absl::StrContains(loaded.status().message(), "tensor-parallel slice"))) {
     // A size the model's heads or widths do not divide: one line naming the numbers, exit 2.
     spdlog::error("--tensor_parallel {}: {}", tensor_parallel,
                   std::string(loaded.status().message()));

@@ -1,5 +1,6 @@
 #include "engine/parallel/tensor_parallel_executor.h"
 
+#include <cassert>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -17,6 +18,7 @@ TensorParallelExecutor::TensorParallelExecutor(std::vector<LlamaModel*> ranks,
       caches_(std::move(caches)),
       status_(ranks_.size()),
       logits_(ranks_.size()) {
+  assert(!ranks_.empty() && ranks_.size() == caches_.size());
   if (const char* fault = std::getenv("RIDGESERVE_TEST_TP_FAULT"); fault != nullptr) {
     const std::vector<std::string> parts = absl::StrSplit(fault, ':');
     int32_t rank = 0;
@@ -61,9 +63,9 @@ void TensorParallelExecutor::RunRank(int32_t rank) {
     } else {
       status = ranks_[rank]->Forward(*batch, *caches_[rank], logits_[rank], nullptr, profile);
     }
-    // A failing rank releases the others from the collectives it will not join. An aborted
-    // collective's own error is only the echo of another rank's.
-    if (!status.ok() && status.code() != absl::StatusCode::kAborted) {
+    // A failing rank releases the others from the collectives it will not join (a group
+    // already aborted keeps its first reason).
+    if (!status.ok()) {
       ranks_[rank]->communicator()->Abort(absl::StrCat("rank ", rank, ": ", status.message()));
     }
     std::lock_guard lock(mu_);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -36,7 +37,34 @@ struct ThreadCommunicatorGroup::State {
     return absl::AbortedError(absl::StrCat("tensor-parallel group aborted: ", reason));
   }
 
+  // Which collective each rank called, with its size: ranks that disagree would read each
+  // other's buffers as something else, so they abort instead.
+  struct Call {
+    int kind = 0;
+    size_t count = 0;
+    int root = 0;
+    bool operator==(const Call&) const = default;
+  };
+  // After the first phase (every rank posted its call), on every rank before it reads
+  // another's buffer: false, and the group aborted, unless every rank made rank 0's call.
+  bool SameCall() {
+    for (int r = 1; r < size; ++r) {
+      if (calls[r] == calls[0]) continue;
+      std::lock_guard lock(mu);
+      if (!aborted) {
+        aborted = true;
+        reason =
+            absl::StrCat("rank ", r, " called collective ", calls[r].kind, " of ", calls[r].count,
+                         " where rank 0 called ", calls[0].kind, " of ", calls[0].count);
+        cv.notify_all();
+      }
+      return false;
+    }
+    return true;
+  }
+
   const int size;
+  std::vector<Call> calls = std::vector<Call>(size);
   std::mutex mu;
   std::condition_variable cv;
   int arrived = 0;
@@ -61,8 +89,9 @@ class ThreadCommunicator final : public Communicator {
   absl::Status AllReduceSum(float* data, size_t count) override {
     State& s = state_;
     s.posted[rank_] = data;
+    s.calls[rank_] = {1, count, 0};
     if (rank_ == 0) s.scratch.resize(std::max(s.scratch.size(), count));
-    if (!s.Arrive()) return s.AbortedStatus();
+    if (!s.Arrive() || !s.SameCall()) return s.AbortedStatus();
     // This rank's share of the elements, each summed over the ranks in order.
     const size_t begin = count * rank_ / s.size, end = count * (rank_ + 1) / s.size;
     for (size_t i = begin; i < end; ++i) {
@@ -80,7 +109,8 @@ class ThreadCommunicator final : public Communicator {
   absl::Status AllGather(const float* in, size_t count, float* out) override {
     State& s = state_;
     s.posted[rank_] = in;
-    if (!s.Arrive()) return s.AbortedStatus();
+    s.calls[rank_] = {2, count, 0};
+    if (!s.Arrive() || !s.SameCall()) return s.AbortedStatus();
     for (int r = 0; r < s.size; ++r) {
       std::memcpy(out + r * count, s.posted[r], sizeof(float) * count);
     }
@@ -94,14 +124,20 @@ class ThreadCommunicator final : public Communicator {
       return absl::InvalidArgumentError(absl::StrCat("broadcast root ", root, " of ", s.size));
     }
     s.posted[rank_] = data;
-    if (!s.Arrive()) return s.AbortedStatus();
+    s.calls[rank_] = {3, bytes, root};
+    if (!s.Arrive() || !s.SameCall()) return s.AbortedStatus();
     if (rank_ != root) std::memcpy(data, s.posted[root], bytes);
     if (!s.Arrive()) return s.AbortedStatus();
     return absl::OkStatus();
   }
 
   absl::Status Barrier() override {
-    return state_.Arrive() ? absl::OkStatus() : state_.AbortedStatus();
+    State& s = state_;
+    s.calls[rank_] = {4, 0, 0};
+    // The second phase keeps the next collective's call from overwriting this one's while
+    // another rank still compares them.
+    if (!s.Arrive() || !s.SameCall() || !s.Arrive()) return s.AbortedStatus();
+    return absl::OkStatus();
   }
 
   absl::Status Reset() override {

@@ -90,6 +90,7 @@ class RidgeFillMaps {
 
   // Rank `rank`'s maps for split layer `s`; nullptr when there are none.
   const RidgeFillSplitMaps* FindSplit(int32_t split_layer, int32_t rank = 0) const {
+    if (rank < 0 || rank >= static_cast<int32_t>(by_rank_.size())) return nullptr;
     for (const RidgeFillSplitMaps& s : by_rank_[rank]) {
       if (s.split_layer == split_layer) return &s;
     }

@@ -8,7 +8,13 @@
 namespace ridgeserve {
 
 SequenceRunner::SequenceRunner(LlamaModel& model, int32_t max_tokens, int32_t block_size)
-    : SequenceRunner(std::vector<LlamaModel*>{&model}, max_tokens, block_size) {}
+    : SequenceRunner(std::vector<LlamaModel*>{&model}, max_tokens, block_size) {
+  // One rank alone would wait forever in its first collective.
+  if (model.shard().size > 1) {
+    init_ = absl::FailedPreconditionError(
+        "SequenceRunner: a tensor-parallel rank runs only with its group (pass the Model)");
+  }
+}
 
 SequenceRunner::SequenceRunner(const Model& model, int32_t max_tokens, int32_t block_size)
     : SequenceRunner(model.rank_models(), max_tokens, block_size) {}

@@ -2,6 +2,7 @@
 // planning, and the default model sharded over 3 ranks (its 9 heads / 3 KV heads) against the
 // same model unsharded. The tiny random Llama / Qwen2 / Qwen3 models at TP 2 and 4 are checked
 // against the NumPy reference in tests/model/tiny_models_test.py.
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <thread>
@@ -89,6 +90,8 @@ TEST(ThreadCommunicatorTest, AbortReleasesWaitingRanksAndResetRecovers) {
   OnRanks(kRanks, [&](int r) {
     std::vector<float> mine(8, 1.0f);
     if (r == 2) {
+      // Let the others block in the all-reduce first (the wake-up path, not the entry check).
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
       group.rank(r).Abort("rank 2: out of memory");
     } else {
       status[r] = group.rank(r).AllReduceSum(mine.data(), mine.size());
@@ -110,6 +113,21 @@ TEST(ThreadCommunicatorTest, AbortReleasesWaitingRanksAndResetRecovers) {
   for (int r = 0; r < kRanks; ++r) {
     ASSERT_TRUE(status[r].ok()) << status[r];
     EXPECT_EQ(sums[r], 6.0f);
+  }
+}
+
+TEST(ThreadCommunicatorTest, RanksCallingDifferentCollectivesAbortInsteadOfReadingAstray) {
+  constexpr int kRanks = 3;
+  ThreadCommunicatorGroup group(kRanks);
+  std::vector<absl::Status> status(kRanks);
+  OnRanks(kRanks, [&](int r) {
+    std::vector<float> mine(r == 1 ? 4 : 64, 1.0f);
+    status[r] = r == 1 ? group.rank(r).Broadcast(mine.data(), sizeof(float) * 4, 0)
+                       : group.rank(r).AllReduceSum(mine.data(), mine.size());
+  });
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kAborted) << "rank " << r << ": " << status[r];
+    EXPECT_NE(status[r].message().find("rank 1 called collective"), std::string::npos) << status[r];
   }
 }
 
@@ -292,7 +310,7 @@ TEST_F(TensorParallelModelTest, BatchInvariantWithinTheSameSize) {
   EXPECT_TRUE(std::equal(logits.begin() + vocab, logits.end(), a_alone.begin() + 69 * vocab));
 }
 
-// A rank that fails mid-step (the others already wait in its collectives) fails the step with
+// A rank that fails a step (the others already wait in its first collective) fails the step with
 // Internal naming it, without hanging, and the group serves the next step correctly.
 TEST_F(TensorParallelModelTest, FailedRankFailsTheStepAndTheGroupRecovers) {
   const std::vector<int32_t> tokens = RandomTokens(20, 14);
