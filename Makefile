@@ -36,8 +36,9 @@ test: maps
 	ctest --test-dir $(BUILD_DIR) --output-on-failure -j $(JOBS)
 
 # Hardening (README "Reliability"), after `make test` in CI, in a build dir of its own.
-# test-fuzz: the libFuzzer targets (clang 14: coverage + ASan + UBSan) on their committed
-#   corpora (tests/fuzz/corpus/), then FUZZ_SECONDS of fuzzing each.
+# test-fuzz: the libFuzzer targets (clang 14: coverage + ASan + UBSan) on seed corpora
+#   generated here (tests/fuzz/make_seeds.py, into build-fuzz/fuzz-seeds/; the map-file seeds
+#   come from $(BUILD_DIR)'s ridgeserve-calibrate), then FUZZ_SECONDS of fuzzing each.
 FUZZ_SECONDS ?= 20
 # The fuzzers at -O2, where executions per second count.
 FUZZ_CMAKE := -G Ninja -DRIDGESERVE_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -47,11 +48,12 @@ FUZZ_FLAGS := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=
 
 test-hardening: test-fuzz
 
-test-fuzz: deps model
+test-fuzz: build model
 	CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz $(FUZZ_CMAKE) -DRIDGESERVE_FUZZ=ON \
 	  -DCMAKE_C_FLAGS="$(FUZZ_FLAGS)" -DCMAKE_CXX_FLAGS="$(FUZZ_FLAGS)" \
 	  -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
 	cmake --build build-fuzz --target fuzzers -j $(JOBS)
+	.venv/bin/python tests/fuzz/make_seeds.py $(BUILD_DIR)/bin build-fuzz/fuzz-seeds
 	tests/fuzz/run_fuzzers.sh build-fuzz $(FUZZ_SECONDS)
 
 format:

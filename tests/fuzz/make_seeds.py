@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Writes the seed corpora in tests/fuzz/corpus/<target>/ (committed; rerun to remake them).
+"""Writes the seed corpora into OUT_DIR/<target>/ (generated at test time, never committed).
 
 Seeds come from real files where they are small: the tiny test models' tokenizer.json and
 tokenizer_config.json (tests/reference/tiny_models.py), RidgeFill maps calibrated on one of
 them by ridgeserve-calibrate, and hand-made files written here from the format specs (GGUF
 with one tensor of every stored type, safetensors single and sharded), plus truncations and
-small hand-made inputs for the text targets. Regression inputs for crashes that were found
-(regression-*) are kept by hand, never rewritten.
+small hand-made inputs for the text targets. Regression inputs for crashes that are found go
+in tests/fuzz/regressions/<target>/ by hand (run_fuzzers.sh runs them too).
 
-usage: .venv/bin/python tests/fuzz/make_seeds.py BIN_DIR   (BIN_DIR holds ridgeserve-calibrate)
+usage: .venv/bin/python tests/fuzz/make_seeds.py BIN_DIR OUT_DIR
+       (BIN_DIR holds ridgeserve-calibrate)
 """
 
 import json
@@ -21,7 +22,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus")
 DATA = os.path.join(ROOT, "tests", "fuzz", "data")
 
 # ------------------------------------------------------------------------------------------
@@ -318,25 +318,19 @@ def write(out, name, data):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
-    bin_dir = sys.argv[1]
+    bin_dir, out = sys.argv[1], sys.argv[2]
     python = os.path.join(ROOT, ".venv", "bin", "python")
-    for target in ("gguf", "safetensors", "tokenizer", "tokenizer_json", "stop_matcher",
-                   "request_validation", "map_file"):
-        d = os.path.join(CORPUS, target)
-        if os.path.isdir(d):
-            for f in os.listdir(d):
-                if not f.startswith("regression-"):
-                    os.remove(os.path.join(d, f))
-    gguf_seeds(os.path.join(CORPUS, "gguf"))
-    safetensors_seeds(os.path.join(CORPUS, "safetensors"))
-    tokenizer_seeds(os.path.join(CORPUS, "tokenizer"))
-    tokenizer_json_seeds(os.path.join(CORPUS, "tokenizer_json"))
-    stop_matcher_seeds(os.path.join(CORPUS, "stop_matcher"))
-    request_seeds(os.path.join(CORPUS, "request_validation"))
-    map_file_seeds(os.path.join(CORPUS, "map_file"), bin_dir, python)
+    shutil.rmtree(out, ignore_errors=True)
+    gguf_seeds(os.path.join(out, "gguf"))
+    safetensors_seeds(os.path.join(out, "safetensors"))
+    tokenizer_seeds(os.path.join(out, "tokenizer"))
+    tokenizer_json_seeds(os.path.join(out, "tokenizer_json"))
+    stop_matcher_seeds(os.path.join(out, "stop_matcher"))
+    request_seeds(os.path.join(out, "request_validation"))
+    map_file_seeds(os.path.join(out, "map_file"), bin_dir, python)
     return 0
 
 

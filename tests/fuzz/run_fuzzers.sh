@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs every fuzz target: first each committed corpus file once (regressions: any crash fails),
+# Runs every fuzz target: first each seed file once (regressions: any crash fails),
 # then a short fuzzing run from the corpus (new inputs go to BUILD/fuzz-corpus/<target>, never
-# into the committed corpus; crashes to BUILD/fuzz-artifacts/).
+# into the seeds; crashes to BUILD/fuzz-artifacts/).
 #
 # usage: tests/fuzz/run_fuzzers.sh BUILD_DIR [SECONDS_PER_TARGET (default 20)] [TARGET...]
 set -euo pipefail
@@ -18,11 +18,14 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 mkdir -p "$build/fuzz-artifacts"
 for t in "${targets[@]}"; do
   bin="$build/bin/${t}_fuzzer"
-  corpus="tests/fuzz/corpus/$t"
+  # Seeds made by tests/fuzz/make_seeds.py (make test-fuzz writes them to BUILD/fuzz-seeds).
+  corpus="$build/fuzz-seeds/$t"
+  # Inputs of crashes found and fixed, kept by hand.
+  if [ -d "tests/fuzz/regressions/$t" ]; then cp tests/fuzz/regressions/"$t"/* "$corpus"/; fi
   work="$build/fuzz-corpus/$t"
   mkdir -p "$work"
   start=$(date +%s)
-  # Regressions: every committed input once.
+  # Regressions: every seed once.
   "$bin" -runs=1 "$corpus"/* > "$build/fuzz-artifacts/$t.regressions.log" 2>&1 ||
     { tail -50 "$build/fuzz-artifacts/$t.regressions.log"; echo "FAIL: $t regressions"; exit 1; }
   # A short run from the corpus; -timeout and -rss_limit_mb turn hangs and blow-ups into
@@ -35,5 +38,5 @@ for t in "${targets[@]}"; do
   fi
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$build/fuzz-artifacts/$t.log" 2>/dev/null | grep -o '[0-9]*$' || echo 0)
   cov=$(grep -o 'cov: [0-9]*' "$build/fuzz-artifacts/$t.log" 2>/dev/null | tail -1 || true)
-  echo "fuzz $t: $(ls "$corpus" | wc -l) regressions ok, ${execs} executions in ${seconds} s, ${cov:-cov: n/a}, $(($(date +%s) - start)) s"
+  echo "fuzz $t: $(ls "$corpus" | wc -l) seeds ok, ${execs} executions in ${seconds} s, ${cov:-cov: n/a}, $(($(date +%s) - start)) s"
 done
