@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
+#include "engine/draft/spec_pc.h"
 #include "engine/kv/paged_kv_cache.h"
 #include "engine/parallel/tensor_parallel_executor.h"
 #include "engine/ridgefill/ridgefill_maps.h"
@@ -26,6 +27,12 @@ using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
+}
+
+// Prefix-cache namespace of SpecPC's compressed prompts: their blocks are never shared with
+// exact requests (renumbered or original positions alike).
+uint64_t SpecPcCacheSalt(bool original_positions) {
+  return 0x5350'4350'0000'0000ull | (original_positions ? 2 : 1);
 }
 
 }  // namespace
@@ -50,6 +57,16 @@ struct Engine::Impl {
     std::vector<uint8_t> promoted;     // per prompt position (recomputes promote them again)
     double estimated_saved_seconds = 0;
     std::shared_ptr<const RidgeFillMaps> maps;  // what the filled rows use, to the end
+    // SpecPC: the draft phase's scorer (null once the kept tokens are chosen, and for other
+    // requests), the kept prompt positions (original-positions mode: their RoPE positions),
+    // the draft's and the target prefill's measured shares of the steps they ran in.
+    std::unique_ptr<SpecPcScorer> spec;
+    int32_t kept_prompt_tokens = 0;
+    std::vector<int32_t> kept;
+    double draft_seconds = 0;
+    double target_prefill_seconds = 0;
+    int32_t target_prefill_rows = 0;
+    int32_t priority = 0;
   };
 
   struct Incoming {
@@ -69,11 +86,28 @@ struct Engine::Impl {
 
   // caches[r] holds rank r's KV heads (one cache at TP = 1); the scheduler hands out rank 0's
   // blocks, and every rank uses the same ones.
-  Impl(Model& m, const EngineOptions& o, std::vector<std::unique_ptr<PagedKvCache>> kv)
-      : model(m), options(o), caches(std::move(kv)), cache(caches.front().get()) {
+  Impl(Model& m, const EngineOptions& o, std::vector<std::unique_ptr<PagedKvCache>> kv,
+       std::unique_ptr<PagedKvCache> draft_kv)
+      : model(m),
+        options(o),
+        caches(std::move(kv)),
+        cache(caches.front().get()),
+        draft_cache(std::move(draft_kv)) {
     const int32_t block_size = options.scheduler.block_size;
     const int32_t num_blocks = cache->shape().num_blocks;
     scheduler = std::make_unique<Scheduler>(options.scheduler, cache->pool());
+    if (draft_cache != nullptr) {
+      // Every SpecPC request passes through the draft first; its queue is bounded by the
+      // target's at Submit. No prefix caching: the scored rows must run to be captured.
+      SchedulerConfig draft_config = options.scheduler;
+      draft_config.max_queued_requests = std::numeric_limits<int32_t>::max();
+      draft_config.enable_prefix_caching = false;
+      draft_scheduler = std::make_unique<Scheduler>(draft_config, draft_cache->pool());
+      const DraftModel& d = *options.draft;
+      const SpecPcParams params = DefaultSpecPcParams(model.config, d.num_layers, 0, 1);
+      for (int32_t l = params.first_layer; l < params.num_layers; ++l)
+        draft_scored_layers.push_back(l);
+    }
     if (caches.size() > 1) {
       std::vector<PagedKvCache*> rank_caches;
       for (const std::unique_ptr<PagedKvCache>& c : caches) rank_caches.push_back(c.get());
@@ -87,7 +121,17 @@ struct Engine::Impl {
   void Run();
   // Moves queued submissions and aborts into the scheduler; false when stopping.
   bool TakeInput();
+  bool HasWork() const {
+    return scheduler->HasWork() || (draft_scheduler != nullptr && draft_scheduler->HasWork());
+  }
   void Step();
+  // The target's forward, sampling and events for one step's plan.
+  void RunTarget(const StepPlan& plan);
+  // The draft's forward for SpecPC requests still drafting; those whose lookahead is complete
+  // get their kept tokens and move to the target's scheduler.
+  void RunDraft(const StepPlan& plan);
+  // Scores and selects a drafted request's kept tokens and queues it for the target.
+  void FinishDrafting(SchedRequest& drafted, Live& l);
   void Emit(uint64_t id, Live& live, TokenEvent& event);
   void FinishWith(uint64_t id, FinishReason reason, absl::Status status);
   void Publish();
@@ -98,6 +142,11 @@ struct Engine::Impl {
   PagedKvCache* cache;                               // rank 0's
   std::unique_ptr<TensorParallelExecutor> executor;  // TP > 1
   std::unique_ptr<Scheduler> scheduler;
+  // SpecPC (options.draft set): the draft's cache and scheduler, and the draft layers whose
+  // queries are scored (the same for every request).
+  std::unique_ptr<PagedKvCache> draft_cache;
+  std::unique_ptr<Scheduler> draft_scheduler;
+  std::vector<int32_t> draft_scored_layers;
 
   // Shared with submitting threads, under `mu`.
   std::mutex mu;
@@ -113,6 +162,7 @@ struct Engine::Impl {
   // Engine thread only.
   std::unordered_map<uint64_t, Live> live;
   std::vector<float> logits;
+  std::vector<float> draft_logits;
   int64_t steps = 0;
   std::thread thread;
 };
@@ -122,7 +172,7 @@ bool Engine::Impl::TakeInput() {
   std::vector<uint64_t> to_abort;
   {
     std::unique_lock<std::mutex> lock(mu);
-    if (!scheduler->HasWork()) {
+    if (!HasWork()) {
       cv.wait(lock,
               [&] { return stopping || !incoming.empty() || !aborts.empty() || !tasks.empty(); });
     }
@@ -141,7 +191,18 @@ bool Engine::Impl::TakeInput() {
     Live l{std::move(r.on_event), Sampler(r.sampling)};
     l.max_new_tokens = r.max_new_tokens;
     l.prompt_tokens = sched->num_prompt_tokens;
+    l.kept_prompt_tokens = l.prompt_tokens;
+    l.priority = r.priority;
     l.arrival = in.arrival;
+    // SpecPC (Submit cleared budgets the prompt fits in): drafting first, the prompt plus the
+    // lookahead in the draft's cache.
+    const bool drafting = r.spec_pc.budget > 0;
+    if (drafting) {
+      const SpecPcParams params = DefaultSpecPcParams(model.config, options.draft->num_layers,
+                                                      r.spec_pc.budget, r.spec_pc.lookahead_tokens);
+      l.spec = std::make_unique<SpecPcScorer>(options.draft->config(), params, l.prompt_tokens);
+      sched->max_total_tokens = l.prompt_tokens + params.lookahead_tokens;
+    }
     if (!in.filled_rows.empty()) {
       l.split_layer = r.ridgefill.split_layer;
       l.filled_prompt_tokens = static_cast<int32_t>(
@@ -153,14 +214,16 @@ bool Engine::Impl::TakeInput() {
       l.maps = std::move(in.maps);
     }
     live.emplace(in.id, std::move(l));
-    if (absl::Status s = scheduler->Add(std::move(sched)); !s.ok()) {
+    Scheduler& first = drafting ? *draft_scheduler : *scheduler;
+    if (absl::Status s = first.Add(std::move(sched)); !s.ok()) {
       FinishWith(
           in.id, FinishReason::kNone,
           s.code() == absl::StatusCode::kInvalidArgument ? absl::OutOfRangeError(s.message()) : s);
     }
   }
   for (uint64_t id : to_abort) {
-    if (live.count(id) != 0 && scheduler->Abort(id)) {
+    if (live.count(id) != 0 &&
+        (scheduler->Abort(id) || (draft_scheduler != nullptr && draft_scheduler->Abort(id)))) {
       FinishWith(id, FinishReason::kAborted, absl::OkStatus());
     }
   }
@@ -182,6 +245,8 @@ void Engine::Impl::Emit(uint64_t id, Live& l, TokenEvent& event) {
           int64_t{l.filled_prompt_tokens} * (model.config.num_layers - 1 - l.split_layer);
     }
     event.timing.estimated_ttft_saved_seconds = l.estimated_saved_seconds;
+    event.kept_prompt_tokens = l.kept_prompt_tokens;
+    event.timing.draft_seconds = l.draft_seconds;
   }
   if (event.finished) {
     const Clock::time_point now = Clock::now();
@@ -206,13 +271,20 @@ void Engine::Impl::FinishWith(uint64_t id, FinishReason reason, absl::Status sta
 }
 
 void Engine::Impl::Step() {
-  StepPlan plan = scheduler->Schedule();
-  if (plan.chunks.empty()) {
+  const StepPlan plan = scheduler->Schedule();
+  const StepPlan draft_plan = draft_scheduler != nullptr ? draft_scheduler->Schedule() : StepPlan{};
+  if (plan.chunks.empty() && draft_plan.chunks.empty()) {
     // Work exists but nothing fits this instant (e.g. waiting for blocks): let input arrive.
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, std::chrono::milliseconds(1));
     return;
   }
+  if (!plan.chunks.empty()) RunTarget(plan);
+  if (!draft_plan.chunks.empty()) RunDraft(draft_plan);
+  ++steps;
+}
+
+void Engine::Impl::RunTarget(const StepPlan& plan) {
   const Clock::time_point start = Clock::now();
   const int32_t block_size = cache->shape().block_size;
   ForwardBatch batch;
@@ -246,11 +318,33 @@ void Engine::Impl::Step() {
     batch.fill_split.resize(batch.num_rows(), -1);
     batch.fill_maps.resize(batch.num_rows(), nullptr);
   }
+  // SpecPC with original positions: kept token i runs at cache place i with RoPE position
+  // kept[i]; generated tokens continue after the whole prompt.
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = plan.chunks[i];
+    const Live& l = live.at(chunk.request->id);
+    if (l.kept.empty()) continue;
+    if (batch.rope_positions.empty()) batch.rope_positions = batch.positions;
+    const int32_t kept = static_cast<int32_t>(l.kept.size());
+    for (int32_t p = chunk.start; p < chunk.start + chunk.count; ++p) {
+      batch.rope_positions[chunk_row[i] + p - chunk.start] =
+          p < kept ? l.kept[p] : l.prompt_tokens + (p - kept);
+    }
+  }
   ForwardProfile profile;
   ForwardProfile* wanted = batch.fill_split.empty() ? nullptr : &profile;
   absl::Status status = executor != nullptr
                             ? executor->Forward(batch, logits, wanted)
                             : model.llama->Forward(batch, *cache, logits, nullptr, wanted);
+  // SpecPC: the target prefill's share of this step, per kept row, prices the dropped rows.
+  const double row_seconds = Seconds(start, Clock::now()) / batch.num_rows();
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    Live& l = live.at(chunk.request->id);
+    if (l.kept_prompt_tokens == l.prompt_tokens || chunk.start >= l.kept_prompt_tokens) continue;
+    const int32_t rows = std::min(chunk.count, l.kept_prompt_tokens - chunk.start);
+    l.target_prefill_seconds += rows * row_seconds;
+    l.target_prefill_rows += rows;
+  }
   for (int32_t row : profile.promoted_rows) {
     const size_t i =
         std::upper_bound(chunk_row.begin(), chunk_row.end(), row) - chunk_row.begin() - 1;
@@ -293,7 +387,6 @@ void Engine::Impl::Step() {
     return;
   }
   scheduler->Update(plan, sampled);
-  ++steps;
   const Clock::time_point now = Clock::now();
   const std::vector<int32_t>& eog = model.tokenizer->end_of_generation_ids();
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
@@ -304,6 +397,11 @@ void Engine::Impl::Step() {
     if (!l.first_token) {
       l.first_token = now;
       l.cached_prompt_tokens = r.num_cached_prompt_tokens;
+      if (l.target_prefill_rows > 0) {
+        l.estimated_saved_seconds = (l.prompt_tokens - l.kept_prompt_tokens) *
+                                        l.target_prefill_seconds / l.target_prefill_rows -
+                                    l.draft_seconds;
+      }
     }
     TokenEvent event;
     const int32_t token = sampled[i];
@@ -328,13 +426,98 @@ void Engine::Impl::Step() {
   }
 }
 
+void Engine::Impl::RunDraft(const StepPlan& plan) {
+  const Clock::time_point start = Clock::now();
+  const DraftModel& draft = *options.draft;
+  const int32_t block_size = draft_cache->shape().block_size;
+  ForwardBatch batch;
+  batch.num_layers = draft.num_layers;
+  ForwardCapture capture;
+  capture.query_layers = draft_scored_layers;
+  std::vector<std::pair<Live*, int32_t>> captured;  // each captured row's request and position
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    SchedRequest& r = *chunk.request;
+    Live& l = live.at(r.id);
+    if (!l.first_scheduled) l.first_scheduled = start;
+    const int32_t row0 = batch.num_rows();
+    batch.AddSequence(r.blocks, block_size, std::span(r.tokens).subspan(chunk.start, chunk.count),
+                      chunk.start, chunk.sample);
+    for (int32_t p = chunk.start; p < chunk.start + chunk.count; ++p) {
+      if (!l.spec->Wants(p)) continue;
+      capture.query_rows.push_back(row0 + p - chunk.start);
+      captured.emplace_back(&l, p);
+    }
+  }
+  const absl::Status status =
+      draft.llama->Forward(batch, *draft_cache, draft_logits, &capture, nullptr);
+  if (!status.ok()) {
+    spdlog::error("draft forward failed: {}", status.ToString());
+    for (const ScheduledChunk& chunk : plan.chunks) {
+      draft_scheduler->Abort(chunk.request->id);
+      FinishWith(chunk.request->id, FinishReason::kNone, absl::InternalError(status.message()));
+    }
+    return;
+  }
+  const size_t q_dim = static_cast<size_t>(draft.config().num_heads) * draft.config().head_dim;
+  for (size_t j = 0; j < captured.size(); ++j) {
+    for (size_t li = 0; li < capture.queries.size(); ++li) {
+      captured[j].first->spec->SetQuery(
+          captured[j].second, static_cast<int32_t>(li),
+          std::span<const float>(capture.queries[li]).subspan(j * q_dim, q_dim));
+    }
+  }
+  std::vector<int32_t> sampled(plan.chunks.size(), -1);
+  const int32_t vocab = draft.config().vocab_size;
+  size_t logit_row = 0;
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    if (!plan.chunks[i].sample) continue;
+    sampled[i] = Argmax(std::span<const float>(draft_logits).subspan(logit_row++ * vocab, vocab));
+  }
+  draft_scheduler->Update(plan, sampled);
+  const double seconds = Seconds(start, Clock::now());
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    SchedRequest& r = *plan.chunks[i].request;
+    Live& l = live.at(r.id);
+    l.draft_seconds += seconds * plan.chunks[i].count / batch.num_rows();
+    if (static_cast<int32_t>(r.tokens.size()) < r.max_total_tokens) continue;
+    const uint64_t id = r.id;
+    FinishDrafting(r, l);
+    draft_scheduler->Finish(id);
+  }
+}
+
+void Engine::Impl::FinishDrafting(SchedRequest& drafted, Live& l) {
+  const Clock::time_point start = Clock::now();
+  const std::vector<float> scores =
+      l.spec->Scores(*draft_cache, options.draft->llama->backend(), drafted.blocks);
+  const SpecPcParams& params = l.spec->params();
+  std::vector<int32_t> kept =
+      SelectSpecPcTokens(scores, params.budget, params.kernel, params.window);
+  auto sched = std::make_unique<SchedRequest>();
+  sched->id = drafted.id;
+  sched->priority = l.priority;
+  for (int32_t p : kept) sched->tokens.push_back(drafted.tokens[p]);
+  sched->num_prompt_tokens = static_cast<int32_t>(kept.size());
+  sched->max_total_tokens = sched->num_prompt_tokens + l.max_new_tokens;
+  sched->cache_salt = SpecPcCacheSalt(options.spec_pc_original_positions);
+  l.kept_prompt_tokens = sched->num_prompt_tokens;
+  if (options.spec_pc_original_positions) l.kept = std::move(kept);
+  l.spec.reset();
+  l.draft_seconds += Seconds(start, Clock::now());
+  if (absl::Status s = scheduler->Add(std::move(sched)); !s.ok()) {
+    FinishWith(drafted.id, FinishReason::kNone, s);
+  }
+}
+
 void Engine::Impl::Publish() {
   const SchedulerStats s = scheduler->stats();
+  // SpecPC requests still drafting count as waiting for the target.
+  const SchedulerStats d = draft_scheduler != nullptr ? draft_scheduler->stats() : SchedulerStats{};
   std::lock_guard<std::mutex> lock(mu);
   published.num_running = s.num_running;
-  published.num_waiting = s.num_waiting;  // stats() adds what is still in `incoming`
+  published.num_waiting = s.num_waiting + d.num_running + d.num_waiting;  // + `incoming`
   published.kv_blocks_free = s.num_free_blocks;
-  published.num_preemptions = s.num_preemptions;
+  published.num_preemptions = s.num_preemptions + d.num_preemptions;
   published.num_prefix_hit_tokens = s.num_prefix_hit_tokens;
   published.num_steps = steps;
 }
@@ -354,7 +537,7 @@ void Engine::Impl::RunTasks() {
 void Engine::Impl::Run() {
   while (TakeInput()) {
     RunTasks();
-    if (scheduler->HasWork()) Step();
+    if (HasWork()) Step();
     Publish();
   }
   // Stopping: everything still live ends as aborted.
@@ -362,6 +545,7 @@ void Engine::Impl::Run() {
   for (const auto& [id, l] : live) ids.push_back(id);
   for (uint64_t id : ids) {
     scheduler->Abort(id);
+    if (draft_scheduler != nullptr) draft_scheduler->Abort(id);
     FinishWith(id, FinishReason::kAborted, absl::OkStatus());
   }
   Publish();
@@ -397,7 +581,31 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
                                           block_size, num_blocks, rank->kv_cache_dtype()}));
     caches.push_back(std::make_unique<PagedKvCache>(std::move(cache)));
   }
-  auto impl = std::make_unique<Impl>(model, options, std::move(caches));
+  std::unique_ptr<PagedKvCache> draft_cache;
+  if (const DraftModel* draft = options.draft; draft != nullptr) {
+    if (model.tensor_parallel() > 1) {
+      return absl::InvalidArgumentError(
+          "a SpecPC draft model with tensor parallel > 1 is not supported");
+    }
+    if (&draft->llama->backend() != &model.llama->backend()) {
+      return absl::InvalidArgumentError("the draft model must be on the target's backend");
+    }
+    if (options.draft_kv_cache_tokens < block_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("draft_kv_cache_tokens must be at least one block (", block_size, "), got ",
+                       options.draft_kv_cache_tokens));
+    }
+    const ModelConfig& d = draft->config();
+    RS_ASSIGN_OR_RETURN(
+        PagedKvCache dc,
+        PagedKvCache::Create(
+            model.llama->backend(),
+            KvCacheShape{draft->num_layers, d.num_kv_heads, d.head_dim, block_size,
+                         (options.draft_kv_cache_tokens + block_size - 1) / block_size,
+                         model.llama->kv_cache_dtype()}));
+    draft_cache = std::make_unique<PagedKvCache>(std::move(dc));
+  }
+  auto impl = std::make_unique<Impl>(model, options, std::move(caches), std::move(draft_cache));
   Impl* raw = impl.get();
   raw->thread = std::thread([raw] { raw->Run(); });
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
@@ -439,6 +647,7 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
                                               " tokens) exceeds the KV cache of ", capacity,
                                               " tokens"));
   }
+  if (request.spec_pc.budget != 0) RS_RETURN_IF_ERROR(CheckSpecPc(request));
   std::vector<uint8_t> filled_rows;
   if (request.ridgefill.split_layer >= 0) {
     if (request.ridgefill.maps == nullptr && impl_->model.llama->ridgefill_maps() != nullptr) {
@@ -482,6 +691,44 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
   }
   impl_->cv.notify_one();
   return id;
+}
+
+absl::Status Engine::CheckSpecPc(EngineRequest& request) const {
+  SpecPcRequest& spec = request.spec_pc;
+  if (request.ridgefill.split_layer >= 0) {
+    return absl::InvalidArgumentError("SpecPC and RidgeFill cannot be combined in one request");
+  }
+  if (spec.budget < kSpecPcMinBudget) {
+    return absl::InvalidArgumentError(absl::StrCat("spec_pc.budget must be >= ", kSpecPcMinBudget,
+                                                   " (the prompt's last tokens SpecPC always "
+                                                   "keeps), got ",
+                                                   spec.budget));
+  }
+  if (spec.lookahead_tokens < 1 || spec.lookahead_tokens > kSpecPcMaxLookahead) {
+    return absl::InvalidArgumentError(absl::StrCat("spec_pc.lookahead_tokens must be in [1, ",
+                                                   kSpecPcMaxLookahead, "], got ",
+                                                   spec.lookahead_tokens));
+  }
+  const Impl& impl = *impl_;
+  if (impl.options.draft == nullptr) {
+    return absl::FailedPreconditionError("SpecPC needs a draft model (--draft_model)");
+  }
+  const int32_t prompt = static_cast<int32_t>(request.prompt.size());
+  if (spec.budget >= prompt) {
+    spec.budget = 0;  // the whole prompt is kept: exact
+    return absl::OkStatus();
+  }
+  const int64_t draft_tokens = int64_t{prompt} + spec.lookahead_tokens;
+  const int32_t draft_context = impl.options.draft->config().context_length;
+  const KvCacheShape& shape = impl.draft_cache->shape();
+  const int64_t draft_capacity = int64_t{shape.num_blocks} * shape.block_size;
+  if (draft_tokens > std::min<int64_t>(draft_context, draft_capacity)) {
+    return absl::OutOfRangeError(
+        absl::StrCat("prompt (", prompt, " tokens) + spec_pc.lookahead_tokens (",
+                     spec.lookahead_tokens, ") exceeds the draft's context (", draft_context,
+                     ") or its KV cache (", draft_capacity, " tokens)"));
+  }
+  return absl::OkStatus();
 }
 
 void Engine::Abort(uint64_t id) {

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/draft/draft_model.h"
 #include "engine/model/model.h"
 #include "engine/ridgefill/ridgefill_maps.h"
 #include "engine/sampling/sampler.h"
@@ -29,6 +30,13 @@ struct EngineOptions {
   // LlamaModel::SetRidgeFillMaps):
   int32_t ridgefill_sink_tokens = 4;        // first prompt rows that always run exactly
   int32_t ridgefill_min_prompt_tokens = 0;  // shorter prompts run exactly
+  // SpecPC (null: no draft, SpecPC requests are refused). Not owned; must outlive the engine
+  // and use the target's backend; not at tensor parallel > 1 (Create refuses).
+  const DraftModel* draft = nullptr;
+  int32_t draft_kv_cache_tokens = 32768;  // the draft's own KV cache (whole blocks)
+  // SpecPC: the kept tokens keep their original RoPE positions (and decoding continues at the
+  // prompt's length) instead of being renumbered 0..budget-1 as the reference does.
+  bool spec_pc_original_positions = false;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kStopSequence, kAborted };
@@ -39,9 +47,14 @@ struct RequestTiming {
   double ttft_seconds = 0;     // arrival → first token sampled
   double prefill_seconds = 0;  // first scheduled → first token sampled
   double e2e_seconds = 0;      // arrival → finished
+  // SpecPC: the draft's share of the steps it ran in (prefill and lookahead), arrival of the
+  // first draft step → the kept tokens chosen. 0 for other requests.
+  double draft_seconds = 0;
   // RidgeFill: the work its filled rows skipped, priced at the per-row cost of the exact
   // layers measured in the same forward passes, minus the measured cost of filling them.
-  // 0 for exact requests. Known from the first token on.
+  // SpecPC: the dropped prompt rows priced at the per-row cost of the target's prefill steps
+  // that ran the kept ones, minus draft_seconds. 0 for exact requests. Known from the first
+  // token on.
   double estimated_ttft_saved_seconds = 0;
 };
 
@@ -61,7 +74,10 @@ struct TokenEvent {
   int32_t exact_prompt_tokens = 0;
   int32_t split_layer = -1;          // RidgeFill split used; -1 for exact requests
   int64_t skipped_layer_tokens = 0;  // sum over filled rows of the layers they skipped
-  RequestTiming timing;              // ttft set from the first token on; the rest when finished
+  // SpecPC (from the first token on): prompt tokens the target prefilled; prompt_tokens for
+  // other requests.
+  int32_t kept_prompt_tokens = 0;
+  RequestTiming timing;  // ttft set from the first token on; the rest when finished
 };
 
 using EventCallback = std::function<void(const TokenEvent&)>;
@@ -81,12 +97,21 @@ struct RidgeFillRequest {
   std::shared_ptr<const RidgeFillMaps> maps;
 };
 
+// SpecPC (DESIGN.md, "SpecPC and SpecKV"): the draft prefills the prompt and decodes
+// lookahead_tokens greedily; its attention picks `budget` prompt tokens, which the target
+// prefills alone (engine/draft/spec_pc.h). budget 0: off; budget >= the prompt: exact.
+struct SpecPcRequest {
+  int32_t budget = 0;
+  int32_t lookahead_tokens = 1;
+};
+
 struct EngineRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
   int32_t max_new_tokens = 256;
   int32_t priority = 0;  // lower runs first
   RidgeFillRequest ridgefill;
+  SpecPcRequest spec_pc;  // not with ridgefill
   EventCallback on_event;
 };
 
@@ -111,8 +136,11 @@ class Engine {
   // Queues a request and returns its id. ResourceExhausted when the waiting queue is full,
   // OutOfRange when prompt + max_new_tokens exceeds the context or the KV cache, and
   // InvalidArgument for an empty prompt, a token outside the vocabulary or a bad RidgeFill
-  // parameter (negative tail, span outside the prompt), FailedPrecondition for a RidgeFill
-  // split layer the model has no maps for.
+  // parameter (negative tail, span outside the prompt) or a bad SpecPC budget (below
+  // kSpecPcMinBudget) or lookahead (outside [1, kSpecPcMaxLookahead]) or SpecPC combined with
+  // RidgeFill, FailedPrecondition for a RidgeFill split layer the model has no maps for and for
+  // SpecPC without a draft (EngineOptions::draft), OutOfRange when prompt + lookahead exceeds
+  // the draft's context or KV cache.
   absl::StatusOr<uint64_t> Submit(EngineRequest request);
   // Ends a request within one step; its final event has finish_reason kAborted. Unknown or
   // finished ids are ignored.
@@ -127,6 +155,8 @@ class Engine {
  private:
   struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
+  // Submit's SpecPC checks; clears the budget when the whole prompt fits in it (exact).
+  absl::Status CheckSpecPc(EngineRequest& request) const;
   std::unique_ptr<Impl> impl_;
 };
 

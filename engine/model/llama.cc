@@ -80,17 +80,19 @@ absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int64_t meta_ints) {
 }
 
 absl::Status LlamaModel::UploadStepMeta(const ForwardBatch& batch) {
+  const std::vector<int32_t>& rope =
+      batch.rope_positions.empty() ? batch.positions : batch.rope_positions;
   const std::vector<int32_t>* parts[] = {
-      &batch.tokens,     &batch.positions,           &batch.seq,         &batch.slots,
-      &batch.logit_rows, &batch.block_table_offsets, &batch.block_tables};
+      &batch.tokens,     &batch.positions,           &batch.seq,          &batch.slots,
+      &batch.logit_rows, &batch.block_table_offsets, &batch.block_tables, &rope};
   int64_t total = 0;
   for (const std::vector<int32_t>* part : parts) total += static_cast<int64_t>(part->size());
   RS_RETURN_IF_ERROR(EnsureWorkspace(batch.num_rows(), total));
   host_meta_.clear();
   int32_t* base = step_meta_.as<int32_t>();
-  int32_t** pointers[] = {&meta_.tokens,      &meta_.positions,  &meta_.seq,
-                          &meta_.slots,       &meta_.logit_rows, &meta_.block_table_offsets,
-                          &meta_.block_tables};
+  int32_t** pointers[] = {&meta_.tokens,       &meta_.positions,     &meta_.seq,
+                          &meta_.slots,        &meta_.logit_rows,    &meta_.block_table_offsets,
+                          &meta_.block_tables, &meta_.rope_positions};
   for (size_t i = 0; i < std::size(parts); ++i) {
     *pointers[i] = base + host_meta_.size();
     host_meta_.insert(host_meta_.end(), parts[i]->begin(), parts[i]->end());
@@ -113,14 +115,37 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   const int32_t n = input.num_rows();
   if (n == 0) return absl::InvalidArgumentError("forward: empty batch");
   if (profile != nullptr) *profile = ForwardProfile{};
+  const int32_t num_layers = input.num_layers == 0 ? config_.num_layers : input.num_layers;
+  if (num_layers < 0 || num_layers > config_.num_layers || num_layers > cache.shape().num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: num_layers ", input.num_layers, " outside [0, ", config_.num_layers,
+                     "] or above the cache's ", cache.shape().num_layers, " layers"));
+  }
+  if (!input.rope_positions.empty() && static_cast<int32_t>(input.rope_positions.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward: rope_positions has ", input.rope_positions.size(), " entries for ", n, " rows"));
+  }
   if (capture != nullptr) {
     for (int32_t d : capture->depths) {
-      if (d < 0 || d > config_.num_layers) {
+      if (d < 0 || d > num_layers) {
         return absl::InvalidArgumentError(
-            absl::StrCat("forward: capture depth ", d, " outside [0, ", config_.num_layers, "]"));
+            absl::StrCat("forward: capture depth ", d, " outside [0, ", num_layers, "]"));
+      }
+    }
+    for (int32_t r : capture->query_rows) {
+      if (r < 0 || r >= n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: capture query row ", r, " outside [0, ", n, ")"));
+      }
+    }
+    for (int32_t l : capture->query_layers) {
+      if (l < 0 || l >= num_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: capture query layer ", l, " outside [0, ", num_layers, ")"));
       }
     }
     capture->states.resize(capture->depths.size());
+    capture->queries.assign(capture->query_layers.size(), {});
   }
   for (int32_t t : input.tokens) {
     if (t < 0 || t >= config_.vocab_size) {
@@ -152,8 +177,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   int32_t num_exact = n;
   std::vector<int32_t> order;  // input row of each reordered row
   if (any_fill) {
-    if (capture != nullptr) {
-      return absl::InvalidArgumentError("forward: capture with RidgeFill rows is not supported");
+    if (capture != nullptr || num_layers != config_.num_layers) {
+      return absl::InvalidArgumentError(
+          "forward: capture or num_layers with RidgeFill rows is not supported");
     }
     if (!input.fill_maps.empty() && static_cast<int32_t>(input.fill_maps.size()) != n) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -182,6 +208,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
       new_index[r] = i;
       reordered.tokens.push_back(input.tokens[r]);
       reordered.positions.push_back(input.positions[r]);
+      if (!input.rope_positions.empty())
+        reordered.rope_positions.push_back(input.rope_positions[r]);
       reordered.seq.push_back(input.seq[r]);
       reordered.slots.push_back(input.slots[r]);
       const int32_t s = input.fill_split[r];
@@ -231,6 +259,20 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     }
   };
 
+  // Copies the captured query rows of layer l (post-RoPE, the rank's heads).
+  auto capture_queries = [&](int32_t l, const float* q) {
+    for (size_t i = 0; i < capture->query_layers.size(); ++i) {
+      if (capture->query_layers[i] != l) continue;
+      std::vector<float>& out = capture->queries[i];
+      out.resize(capture->query_rows.size() * q_dim);
+      for (size_t j = 0; j < capture->query_rows.size(); ++j) {
+        backend_.CopyToHost(out.data() + j * q_dim,
+                            q + static_cast<size_t>(capture->query_rows[j]) * qkv_dim,
+                            sizeof(float) * q_dim);
+      }
+    }
+  };
+
   // Profiling (filled rows only): layers 0..lowest split run every row in full.
   const bool timed = profile != nullptr && !groups.empty();
   const int32_t lowest_split = groups.empty() ? -1 : groups.back().split;
@@ -250,7 +292,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
 
   backend_.Embed(weights_.token_embd, shard_.vocab_begin, meta_.tokens, n, x);
   RS_RETURN_IF_ERROR(all_reduce(x, n));
-  for (int32_t l = 0; l < c.num_layers; ++l) {
+  for (int32_t l = 0; l < num_layers; ++l) {
     if (timed && l <= lowest_split) full_seconds -= Now();
     if (capture != nullptr) capture_at(l);
     for (size_t gi = 0; max_leverage_ > 0 && gi < groups.size(); ++gi) {
@@ -288,8 +330,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
       backend_.RmsNormHeads(q, qkv_dim, na, heads_, c.head_dim, w.q_norm.as<float>(), c.rms_eps);
       backend_.RmsNormHeads(k, qkv_dim, na, kv_heads_, c.head_dim, w.k_norm.as<float>(), c.rms_eps);
     }
-    backend_.Rope(q, qkv_dim, na, heads_, c.head_dim, meta_.positions, inv_freq);
-    backend_.Rope(k, qkv_dim, na, kv_heads_, c.head_dim, meta_.positions, inv_freq);
+    backend_.Rope(q, qkv_dim, na, heads_, c.head_dim, meta_.rope_positions, inv_freq);
+    backend_.Rope(k, qkv_dim, na, kv_heads_, c.head_dim, meta_.rope_positions, inv_freq);
+    if (capture != nullptr) capture_queries(l, q);
     backend_.StoreKv(kv, k, v, qkv_dim, na, meta_.slots);
     backend_.Attention(q, qkv_dim, heads_, kv, rows, scale, attn_.as<float>());
     backend_.Linear(attn_.as<float>(), na, w.wo, nullptr, proj);
@@ -316,7 +359,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
       profile->fills.back().seconds += fill_seconds[i];
     }
   }
-  if (capture != nullptr) capture_at(c.num_layers);
+  if (capture != nullptr) capture_at(num_layers);
 
   const int32_t m = static_cast<int32_t>(batch.logit_rows.size());
   logits.clear();
@@ -418,6 +461,11 @@ absl::Status LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& grou
     if (device != nullptr) backend_.CopyToDevice(device, v.data(), sizeof(int32_t) * n);
   };
   permute(batch.positions, meta_.positions);
+  if (batch.rope_positions.empty()) {
+    backend_.CopyToDevice(meta_.rope_positions, batch.positions.data(), sizeof(int32_t) * n);
+  } else {
+    permute(batch.rope_positions, meta_.rope_positions);
+  }
   permute(batch.seq, meta_.seq);
   permute(batch.slots, meta_.slots);
   permute(order, nullptr);

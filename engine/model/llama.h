@@ -42,6 +42,13 @@ struct ForwardBatch {
   // model's, SetRidgeFillMaps). Rows of one batch may use different maps (a server that
   // swapped maps finishes each request on the maps it started with).
   std::vector<const RidgeFillMaps*> fill_maps;
+  // RoPE position per row where it differs from `positions` (empty: the same). `positions`
+  // stay the rows' places in the cache (causal order and slots); SpecPC with original
+  // positions runs its kept tokens at cache places 0.. with their prompt positions here.
+  std::vector<int32_t> rope_positions;
+  // Layers to run: 0 = all; k > 0 = the first k, then the final norm and LM head (the self-draft
+  // of SpecPC, engine/draft/draft_model.h). The cache needs at least k layers.
+  int32_t num_layers = 0;
 
   int32_t num_rows() const { return static_cast<int32_t>(tokens.size()); }
   // Appends a sequence's rows for `tokens` at positions start_pos.. (blocks reserved) and
@@ -61,9 +68,16 @@ struct ForwardBatch {
 // is also the output of layer d - 1; depth 0 is the embeddings, depth num_layers the stream
 // before the final norm. Forward fills states[i] with [batch rows, hidden] host floats for
 // depths[i]. Capturing does not change any computed value.
+//
+// Queries (SpecPC's draft attention scores): the post-RoPE query rows `query_rows` (batch rows)
+// at each layer of `query_layers`; queries[i] is [query_rows.size(), num_heads * head_dim] host
+// floats for query_layers[i] (the rank's heads).
 struct ForwardCapture {
   std::vector<int32_t> depths;  // each in [0, num_layers]
   std::vector<std::vector<float>> states;
+  std::vector<int32_t> query_rows;
+  std::vector<int32_t> query_layers;
+  std::vector<std::vector<float>> queries;
 };
 
 // What one Forward with filled rows measured, for RidgeFill's TTFT-saved estimate (DESIGN.md:
@@ -131,9 +145,10 @@ class LlamaModel {
 
   // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host; rank 0
   // only, other ranks leave it empty). A failed collective (the group aborted) is returned. With
-  // `capture`, also copies the residual stream at capture->depths (see ForwardCapture).
-  // With filled rows (batch.fill_split): logit rows must be exact rows and capture is not
-  // supported (InvalidArgument). Exact rows' results are bitwise those of the plain path.
+  // `capture`, also copies the residual stream at capture->depths and the queries it asks for
+  // (see ForwardCapture). With filled rows (batch.fill_split): logit rows must be exact rows,
+  // and capture and num_layers are not supported (InvalidArgument). Exact rows' results are
+  // bitwise those of the plain path.
   // With `profile` and filled rows, layers are timed (the backend is synchronized per layer)
   // and the profile is filled; without filled rows the profile is left empty.
   absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>& logits,
@@ -178,7 +193,8 @@ class LlamaModel {
   float max_leverage_ = 0;
 
   // The step's metadata on the backend, in one buffer (step_meta_) uploaded once per Forward:
-  // per row token, position, sequence and slot, the logit rows, the block tables.
+  // per row token, position, sequence and slot, the logit rows, the block tables, the RoPE
+  // positions.
   struct StepMeta {
     int32_t* tokens = nullptr;
     int32_t* positions = nullptr;
@@ -187,6 +203,7 @@ class LlamaModel {
     int32_t* logit_rows = nullptr;
     int32_t* block_table_offsets = nullptr;
     int32_t* block_tables = nullptr;
+    int32_t* rope_positions = nullptr;
   };
   StepMeta meta_;
   std::vector<int32_t> host_meta_;  // staging for the upload, reused

@@ -47,7 +47,7 @@ void LlamaModel::WriteFilledKv(int32_t l, const FillGroup& g, const KvLayerView&
                             c.rms_eps);
     }
   }
-  backend_.Rope(k, 2 * kv_dim, g.count, kv_heads_, c.head_dim, meta_.positions + g.begin,
+  backend_.Rope(k, 2 * kv_dim, g.count, kv_heads_, c.head_dim, meta_.rope_positions + g.begin,
                 weights_.rope_inv_freq.as<float>());
   backend_.StoreKv(kv, k, v, 2 * kv_dim, g.count, meta_.slots + g.begin);
 }

@@ -21,6 +21,10 @@
 //   pareto        --model M --maps F --text FILE --haystack FILE --lengths 8192
 //                 --tails 512,1024,2048 [--trials N] [--depths ...] [--repetitions R]
 //                 ttft, needle and distant-loss per (split, tail), Pareto-optimal points marked
+//   spec-pc       --model M --draft_model self:K|PATH (--token_ids 1,2,3 | --text FILE)
+//                 --budget C [--lookahead_tokens L] [--spec_kernel N] [--chunk N]
+//                 SpecPC's draft phase for one prompt: the draft's lookahead, its attention
+//                 scores per prompt position and the kept positions (engine/draft/spec_pc.h)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -39,6 +43,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/common/status_macros.h"
+#include "engine/draft/draft_model.h"
+#include "engine/draft/spec_pc.h"
 #include "engine/model/model.h"
 #include "engine/parallel/rank_group.h"
 #include "engine/ridgefill_load.h"
@@ -94,6 +100,10 @@ ABSL_FLAG(double, distant_threshold_nats, 1.0,
 ABSL_FLAG(double, max_leverage, 0,
           "RidgeFill: run filled rows whose leverage exceeds this exactly (0: off)");
 ABSL_FLAG(bool, per_layer, false, "splice: also splice exact K and V into one layer at a time");
+ABSL_FLAG(std::string, draft_model, "", "spec-pc: self:K (the model's first K layers) or a path");
+ABSL_FLAG(int32_t, budget, 1024, "spec-pc: prompt tokens kept");
+ABSL_FLAG(int32_t, lookahead_tokens, 1, "spec-pc: tokens the draft decodes after the prompt");
+ABSL_FLAG(int32_t, spec_kernel, 0, "spec-pc: pooling / neighbour width (0 = the model's default)");
 ABSL_FLAG(std::string, tails, "512,1024,2048", "pareto: exact tail lengths to evaluate");
 
 namespace ridgeserve {
@@ -312,14 +322,50 @@ class Eval {
     return Json{{"results", results}, {"prompt_tokens", kPrompt}};
   }
 
-  absl::StatusOr<Json> Logits() {
-    std::vector<int32_t> tokens;
+  // --token_ids, else --text encoded with BOS.
+  absl::StatusOr<std::vector<int32_t>> InputTokens() {
     if (!absl::GetFlag(FLAGS_token_ids).empty()) {
-      RS_ASSIGN_OR_RETURN(tokens, ParseIntList("token_ids", absl::GetFlag(FLAGS_token_ids)));
-    } else {
-      RS_ASSIGN_OR_RETURN(std::string text, ReadFile(absl::GetFlag(FLAGS_text)));
-      tokens = model_->tokenizer->Encode(text, /*add_bos=*/true, /*parse_special=*/false);
+      return ParseIntList("token_ids", absl::GetFlag(FLAGS_token_ids));
     }
+    RS_ASSIGN_OR_RETURN(std::string text, ReadFile(absl::GetFlag(FLAGS_text)));
+    return model_->tokenizer->Encode(text, /*add_bos=*/true, /*parse_special=*/false);
+  }
+
+  absl::StatusOr<Json> SpecPc() {
+    RS_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, InputTokens());
+    if (tokens.empty()) return absl::InvalidArgumentError("no input tokens");
+    RS_ASSIGN_OR_RETURN(std::unique_ptr<DraftModel> draft,
+                        LoadDraftModel(absl::GetFlag(FLAGS_draft_model), *model_, *backend_));
+    SpecPcParams p =
+        DefaultSpecPcParams(model_->config, draft->num_layers, absl::GetFlag(FLAGS_budget),
+                            absl::GetFlag(FLAGS_lookahead_tokens));
+    if (absl::GetFlag(FLAGS_spec_kernel) > 0) p.kernel = absl::GetFlag(FLAGS_spec_kernel);
+    if (p.budget < 1 || p.lookahead_tokens < 1 || p.window >= static_cast<int32_t>(tokens.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--budget and --lookahead_tokens must be >= 1 and the prompt longer than the window (",
+          p.window, ")"));
+    }
+    RS_ASSIGN_OR_RETURN(SpecPcDraftResult r,
+                        RunSpecPcDraft(*draft->llama, p, tokens, absl::GetFlag(FLAGS_chunk),
+                                       model_->llama->kv_cache_dtype()));
+    std::vector<int32_t> layers;
+    for (int32_t l = p.first_layer; l < p.num_layers; ++l) layers.push_back(l);
+    return Json{{"prompt_tokens", tokens.size()},
+                {"params",
+                 {{"budget", p.budget},
+                  {"lookahead_tokens", p.lookahead_tokens},
+                  {"window", p.window},
+                  {"kernel", p.kernel},
+                  {"first_layer", p.first_layer},
+                  {"num_layers", p.num_layers}}},
+                {"lookahead_ids", r.lookahead_ids},
+                {"scores", r.scores},
+                {"kept", r.kept},
+                {"draft_queries_layers", layers}};
+  }
+
+  absl::StatusOr<Json> Logits() {
+    RS_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, InputTokens());
     const std::string out = absl::GetFlag(FLAGS_out);
     if (out.empty()) return absl::InvalidArgumentError("--out is required");
     if (tokens.empty()) return absl::InvalidArgumentError("no input tokens");
@@ -454,7 +500,7 @@ absl::StatusOr<Json> Run(const std::string& command) {
   if (command != "perplexity" && command != "generate" && command != "bench-prefill" &&
       command != "bench-decode" && command != "logits" && command != "ttft" &&
       command != "needle" && command != "distant-loss" && command != "splice" &&
-      command != "pareto") {
+      command != "pareto" && command != "spec-pc") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
   }
   if (absl::GetFlag(FLAGS_tensor_parallel) != 1 && command != "perplexity" &&
@@ -472,6 +518,7 @@ absl::StatusOr<Json> Run(const std::string& command) {
   if (command == "distant-loss") return eval.DistantLoss();
   if (command == "splice") return eval.Splice();
   if (command == "pareto") return eval.Pareto();
+  if (command == "spec-pc") return eval.SpecPc();
   return eval.Logits();
 }
 
@@ -482,7 +529,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ridgeserve-eval "
       "<perplexity|generate|bench-prefill|bench-decode|logits|ttft|needle|distant-loss|splice|"
-      "pareto> "
+      "pareto|spec-pc> "
       "--model M [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("eval"));
