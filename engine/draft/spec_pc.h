@@ -81,6 +81,17 @@ class SpecPcScorer {
 std::vector<int32_t> SelectSpecPcTokens(std::span<const float> scores, int32_t budget,
                                         int32_t kernel, int32_t window);
 
+// The draft's greedy continuation of `prompt`: prefilled in forward passes of `chunk` rows at
+// cache places 0.. of `table` (reserved for prompt + n - 1 tokens) in `cache` (its first
+// num_layers layers run), then decoded one row at a time until n tokens or one of `stop_ids`
+// (included). With `scorer`, the rows it wants have their queries captured.
+absl::StatusOr<std::vector<int32_t>> RunDraftLookahead(LlamaModel& draft, int32_t num_layers,
+                                                       PagedKvCache& cache, const BlockTable& table,
+                                                       std::span<const int32_t> prompt, int32_t n,
+                                                       int32_t chunk,
+                                                       std::span<const int32_t> stop_ids,
+                                                       SpecPcScorer* scorer);
+
 struct SpecPcDraftResult {
   std::vector<int32_t> lookahead_ids;  // the draft's greedy tokens
   std::vector<float> scores;           // [P]
@@ -88,9 +99,9 @@ struct SpecPcDraftResult {
 };
 
 // SpecPC's draft phase for one prompt outside the engine (offline tools, tests): the draft
-// prefills `prompt` in forward passes of `chunk` rows in its own KV cache on `backend` (of
-// `kv_dtype`), decodes the lookahead greedily, then scores and selects as the engine does. A
-// budget >= the prompt keeps everything without running the draft.
+// runs the prompt and its lookahead (RunDraftLookahead) in its own KV cache on its backend (of
+// `kv_dtype`), then scores and selects as the engine does. A budget >= the prompt keeps
+// everything without running the draft.
 absl::StatusOr<SpecPcDraftResult> RunSpecPcDraft(LlamaModel& draft, const SpecPcParams& params,
                                                  std::span<const int32_t> prompt, int32_t chunk,
                                                  DType kv_dtype);

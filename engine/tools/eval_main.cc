@@ -25,6 +25,10 @@
 //                 --budget C [--lookahead_tokens L] [--spec_kernel N] [--chunk N]
 //                 SpecPC's draft phase for one prompt: the draft's lookahead, its attention
 //                 scores per prompt position and the kept positions (engine/draft/spec_pc.h)
+//   spec-kv       --model M --draft_model self:K|PATH (--token_ids 1,2,3 | --text FILE)
+//                 --budget C [--lookahead_tokens L] [--max_new_tokens N] [--chunk N]
+//                 SpecKV for one prompt: the draft's lookahead, the kept positions per layer
+//                 and KV head, and the greedy tokens decoded over them (engine/draft/spec_kv.h)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -44,6 +48,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/common/status_macros.h"
 #include "engine/draft/draft_model.h"
+#include "engine/draft/spec_kv.h"
 #include "engine/draft/spec_pc.h"
 #include "engine/model/model.h"
 #include "engine/parallel/rank_group.h"
@@ -364,6 +369,43 @@ class Eval {
                 {"draft_queries_layers", layers}};
   }
 
+  absl::StatusOr<Json> SpecKv() {
+    RS_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, InputTokens());
+    if (tokens.empty()) return absl::InvalidArgumentError("no input tokens");
+    RS_ASSIGN_OR_RETURN(std::unique_ptr<DraftModel> draft,
+                        LoadDraftModel(absl::GetFlag(FLAGS_draft_model), *model_, *backend_));
+    SpecKvParams p;
+    p.budget = absl::GetFlag(FLAGS_budget);
+    p.lookahead_tokens = absl::GetFlag(FLAGS_lookahead_tokens);
+    if (absl::GetFlag(FLAGS_spec_kernel) > 0) p.kernel = absl::GetFlag(FLAGS_spec_kernel);
+    const int32_t max_new = absl::GetFlag(FLAGS_max_new_tokens);
+    SpecKvSequence sequence(*model_->llama, static_cast<int32_t>(tokens.size()), max_new,
+                            model_->llama->kv_cache_dtype());
+    std::vector<float> logits;
+    RS_RETURN_IF_ERROR(sequence.Prefill(*draft->llama, draft->num_layers, p, tokens,
+                                        absl::GetFlag(FLAGS_chunk),
+                                        model_->tokenizer->end_of_generation_ids(), logits));
+    const int32_t kv_entries = sequence.cached_entries();
+    std::vector<int32_t> generated;
+    while (static_cast<int32_t>(generated.size()) < max_new) {
+      generated.push_back(Argmax(logits));
+      if (static_cast<int32_t>(generated.size()) == max_new) break;
+      const int32_t one[] = {generated.back()};
+      RS_RETURN_IF_ERROR(sequence.Append(one, 1, false, logits));
+    }
+    return Json{{"prompt_tokens", tokens.size()},
+                {"params",
+                 {{"budget", p.budget},
+                  {"lookahead_tokens", p.lookahead_tokens},
+                  {"window", p.window},
+                  {"kernel", p.kernel},
+                  {"draft_layers", draft->num_layers}}},
+                {"lookahead_ids", sequence.lookahead_ids()},
+                {"kept", sequence.kept()},
+                {"kv_entries_after_prefill", kv_entries},
+                {"generated", generated}};
+  }
+
   absl::StatusOr<Json> Logits() {
     RS_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, InputTokens());
     const std::string out = absl::GetFlag(FLAGS_out);
@@ -500,7 +542,7 @@ absl::StatusOr<Json> Run(const std::string& command) {
   if (command != "perplexity" && command != "generate" && command != "bench-prefill" &&
       command != "bench-decode" && command != "logits" && command != "ttft" &&
       command != "needle" && command != "distant-loss" && command != "splice" &&
-      command != "pareto" && command != "spec-pc") {
+      command != "pareto" && command != "spec-pc" && command != "spec-kv") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
   }
   if (absl::GetFlag(FLAGS_tensor_parallel) != 1 && command != "perplexity" &&
@@ -519,6 +561,7 @@ absl::StatusOr<Json> Run(const std::string& command) {
   if (command == "splice") return eval.Splice();
   if (command == "pareto") return eval.Pareto();
   if (command == "spec-pc") return eval.SpecPc();
+  if (command == "spec-kv") return eval.SpecKv();
   return eval.Logits();
 }
 
@@ -529,7 +572,7 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ridgeserve-eval "
       "<perplexity|generate|bench-prefill|bench-decode|logits|ttft|needle|distant-loss|splice|"
-      "pareto|spec-pc> "
+      "pareto|spec-pc|spec-kv> "
       "--model M [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("eval"));
