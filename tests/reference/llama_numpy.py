@@ -180,13 +180,20 @@ class Model:
         return Model(self.cfg, tok, layers, cast(self.out_norm), head, self.metadata)
 
     def forward(self, token_ids: Sequence[int], return_hidden: bool = False,
-                kv_dtype: str = "f32"):
+                kv_dtype: str = "f32", num_layers: Optional[int] = None,
+                capture: Optional[list] = None):
         """Logits [num_tokens, vocab_size] for a sequence starting at position 0.
 
         With return_hidden=True also returns the residual stream leaving every layer,
         [num_layers, num_tokens, hidden]. kv_dtype "f16" or "bf16" rounds K (after RoPE) and V
         to that type before attention, as a KV cache of that type holds them (round to nearest
         even; "f32" leaves them alone).
+
+        num_layers runs only the first that many decoder layers, then the final norm and the
+        LM head (a "self:K" draft); None runs all of them. `capture`, a list, receives one dict
+        per layer run: "q" [num_tokens, heads, head_dim] after RoPE and "k"
+        [num_tokens, kv_heads, head_dim] after RoPE and the kv_dtype rounding (what attention
+        used). Neither changes the results of the layers that run.
         """
         cfg = self.cfg
         ids = np.asarray(token_ids, dtype=np.int64)
@@ -207,7 +214,10 @@ class Model:
 
         x = self.tok_embd[ids].copy()  # [n, hidden]
         hidden = []
-        for layer in self.layers:
+        run = self.layers if num_layers is None else self.layers[:num_layers]
+        if num_layers is not None and not 1 <= num_layers <= len(self.layers):
+            raise ValueError(f"num_layers {num_layers}: the model has {len(self.layers)}")
+        for layer in run:
             h = rms_norm(x, layer.attn_norm, cfg.rms_eps)
             q = h @ layer.wq.T
             k = h @ layer.wk.T
@@ -228,6 +238,8 @@ class Model:
             q = apply_rope(q, cos, sin, cfg.rope_mode)
             k = round_to_kv_dtype(apply_rope(k, cos, sin, cfg.rope_mode), kv_dtype)
             v = round_to_kv_dtype(v, kv_dtype)
+            if capture is not None:
+                capture.append({"q": q.copy(), "k": k.copy()})
             # GQA: query head hq reads kv head hq // group.
             qh = q.transpose(1, 0, 2)  # [nh, n, hd]
             kh = np.repeat(k.transpose(1, 0, 2), group, axis=0)  # [nh, n, hd]

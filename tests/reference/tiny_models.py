@@ -15,6 +15,8 @@ The models (hidden 64, 4 heads / 2 KV heads, ffn 128, context 256, byte-level BP
   tiny_qwen2     qwen2, q/k/v bias, untied, F32, embedding rows padded past the tokenizer
                  (config vocab_size 320 > 300 tokens; GGUF gets [PAD] tokens as llama.cpp does)
   tiny_qwen3     qwen3, per-head q_norm/k_norm, head_dim 24 != 64/4, tied, BF16
+Draft models (DRAFT_SPECS, same tokenizer as tiny_llama, written by write_all(drafts=True)):
+  tiny_llama_draft  llama, 1 layer, hidden 32, 2 heads / 1 KV head, ffn 64, tied, F32
 
 CLI: python tests/reference/tiny_models.py --out DIR [--check]
   --check loads every written model with the NumPy reference (llama_numpy.py) and asserts
@@ -137,6 +139,22 @@ SPECS = [
         seed=4,
     ),
 ]
+
+# Draft models for SpecPC / SpecKV (tests/model/specpc_reference_test.py): the tokenizer and
+# special tokens of tiny_llama (same TinySpec defaults), other weights (seed) and another shape
+# (1 layer, 2 heads / 1 KV head, hidden 32), so a scorer that used the target's shapes fails.
+# Not in SPECS: write_all() and the tests built on it are unchanged; get_spec() finds them.
+DRAFT_SPECS = [
+    TinySpec(name="tiny_llama_draft", model_type="llama", num_layers=1, hidden=32, heads=2,
+             kv_heads=1, head_dim=16, ffn=64, seed=5),
+]
+
+
+def get_spec(name: str) -> TinySpec:
+    for spec in SPECS + DRAFT_SPECS:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no tiny model named {name!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -544,9 +562,10 @@ def write_model(spec: TinySpec, out_dir: str) -> Written:
     return result
 
 
-def write_all(out_dir: str) -> list[Written]:
+def write_all(out_dir: str, drafts: bool = False) -> list[Written]:
+    """Every model of SPECS (and of DRAFT_SPECS too with drafts=True) under out_dir."""
     os.makedirs(out_dir, exist_ok=True)
-    return [write_model(spec, out_dir) for spec in SPECS]
+    return [write_model(spec, out_dir) for spec in SPECS + (DRAFT_SPECS if drafts else [])]
 
 
 def sample_token_ids(spec: TinySpec, n: int, seed: int = 0) -> list[int]:
@@ -582,7 +601,7 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--check", action="store_true", help="compare copies with the reference")
     args = ap.parse_args()
-    written = write_all(args.out)
+    written = write_all(args.out, drafts=True)
     for m in written:
         print(m.spec.name, m.hf_dir, m.gguf_path, m.hf_sharded_dir or "")
     if args.check and not check(written):
