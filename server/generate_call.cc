@@ -52,6 +52,7 @@ absl::Status GenerateCall::Submit(const v1::GenerateRequest& request, StepSink s
   output_.emplace(*context_.model.tokenizer, request_id_, std::move(validated->stop),
                   static_cast<int32_t>(validated->engine.prompt.size()));
   EngineRequest& engine_request = validated->engine;
+  metrics_.emplace(context_.metrics, engine_request);
   engine_request.ridgefill.maps = std::move(maps);
   engine_request.on_event = [this](const TokenEvent& event) { OnEvent(event); };
   absl::StatusOr<uint64_t> id = context_.engine.Submit(std::move(engine_request));
@@ -79,7 +80,7 @@ void GenerateCall::AbortEngineRequest() {
 
 void GenerateCall::OnEvent(const TokenEvent& event) {
   OutputBuilder::Step step = output_->OnEvent(event);
-  metrics_.OnEvent(event, step.delta.finish_reason());
+  metrics_->OnEvent(event, step.delta.finish_reason());
   if (step.abort_engine) AbortEngineRequest();
   if (step.finished) {
     const v1::Usage& usage = step.delta.usage();

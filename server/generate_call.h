@@ -49,8 +49,7 @@ class GenerateCall {
  public:
   using StepSink = std::function<void(OutputBuilder::Step)>;
 
-  explicit GenerateCall(const ServingContext& context)
-      : context_(context), metrics_(context.metrics) {}
+  explicit GenerateCall(const ServingContext& context) : context_(context) {}
 
   // Parses, validates, admits and submits. The sink then gets one step per engine event, the last
   // with finished set; it may run before Start returns. Not OK: the request was refused (and
@@ -69,8 +68,8 @@ class GenerateCall {
   const ServingContext context_;
   std::string request_id_;
   bool admitted_ = false;
-  std::optional<OutputBuilder> output_;  // engine thread only, once submitted
-  RequestMetrics metrics_;               // engine thread only, once submitted
+  std::optional<OutputBuilder> output_;    // engine thread only, once submitted
+  std::optional<RequestMetrics> metrics_;  // engine thread only, once submitted
   StepSink sink_;
 };
 

@@ -19,6 +19,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/common/status_macros.h"
+#include "engine/draft/draft_model.h"
+#include "engine/draft/spec_pc.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "engine/parallel/rank_group.h"
@@ -104,7 +106,18 @@ ABSL_FLAG(std::string, cpu_activations, "f32",
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: f32, bf16, f16 (rounded to nearest even when stored, widened "
           "exactly when read) or auto (the backend's default: f16 on the CPU)");
-ABSL_FLAG(std::string, draft_model, "", "draft model for SPEC_PC / SPEC_KV (not implemented yet)");
+ABSL_FLAG(std::string, draft_model, "",
+          "SpecPC draft model: self:K (the model's own first K layers, sharing its weights) or a "
+          "GGUF file / Hugging Face directory with the model's vocabulary (empty: SPEC_PC "
+          "requests are refused with FAILED_PRECONDITION)");
+ABSL_FLAG(int32_t, spec_pc_budget, 2048,
+          "SpecPC: prompt tokens kept when a request names no budget (>= 64)");
+ABSL_FLAG(int32_t, spec_pc_lookahead_tokens, 1,
+          "SpecPC: tokens the draft decodes before scoring when a request does not say ([1, 64])");
+ABSL_FLAG(int32_t, draft_kv_cache_tokens, 32768, "SpecPC: the draft's own KV cache in tokens");
+ABSL_FLAG(bool, spec_pc_original_positions, false,
+          "SpecPC: kept tokens keep their original RoPE positions instead of being renumbered "
+          "0..budget-1 as the reference does");
 ABSL_FLAG(double, shutdown_timeout_s, 30,
           "on SIGTERM/SIGINT, how long in-flight requests may take to finish before they are "
           "aborted");
@@ -141,7 +154,8 @@ absl::Status CheckFlags() {
        {std::pair{"max_batch_tokens", absl::GetFlag(FLAGS_max_batch_tokens)},
         std::pair{"max_running_requests", absl::GetFlag(FLAGS_max_running_requests)},
         std::pair{"max_queued_requests", absl::GetFlag(FLAGS_max_queued_requests)},
-        std::pair{"kv_cache_tokens", absl::GetFlag(FLAGS_kv_cache_tokens)}}) {
+        std::pair{"kv_cache_tokens", absl::GetFlag(FLAGS_kv_cache_tokens)},
+        std::pair{"draft_kv_cache_tokens", absl::GetFlag(FLAGS_draft_kv_cache_tokens)}}) {
     if (value < 1) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 1, got ", value));
     }
@@ -151,6 +165,24 @@ absl::Status CheckFlags() {
   }
   if (!(absl::GetFlag(FLAGS_shutdown_timeout_s) >= 0)) {
     return absl::InvalidArgumentError("--shutdown_timeout_s must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+// The SpecPC flags; an error is a usage error (exit code 2).
+absl::Status CheckSpecPcFlags() {
+  if (const int32_t budget = absl::GetFlag(FLAGS_spec_pc_budget); budget < kSpecPcMinBudget) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec_pc_budget must be >= ", kSpecPcMinBudget, ", got ", budget));
+  }
+  if (const int32_t lookahead = absl::GetFlag(FLAGS_spec_pc_lookahead_tokens);
+      lookahead < 1 || lookahead > kSpecPcMaxLookahead) {
+    return absl::InvalidArgumentError(absl::StrCat("--spec_pc_lookahead_tokens must be in [1, ",
+                                                   kSpecPcMaxLookahead, "], got ", lookahead));
+  }
+  if (!absl::GetFlag(FLAGS_draft_model).empty() && absl::GetFlag(FLAGS_tensor_parallel) > 1) {
+    return absl::InvalidArgumentError(
+        "--draft_model is not supported with --tensor_parallel > 1 yet");
   }
   return absl::OkStatus();
 }
@@ -264,9 +296,6 @@ void Drain(InferenceService& service, grpc::Server& server, const ShutdownSignal
 
 absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   RS_RETURN_IF_ERROR(CheckFlags());
-  if (!absl::GetFlag(FLAGS_draft_model).empty()) {
-    spdlog::warn("--draft_model: SpecPC / SpecKV are not implemented yet; not loaded");
-  }
 
   RS_ASSIGN_OR_RETURN(const cpu::Isa isa, cpu::IsaFromEnvironment());
   RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
@@ -310,6 +339,24 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   spdlog::info("loaded {} ({}, {} layers, context {}) in {:.2f} s", model_path,
                model->config.arch_name, model->config.num_layers, model->config.context_length,
                absl::ToDoubleSeconds(absl::Now() - load_start));
+  std::unique_ptr<DraftModel> draft;
+  if (const std::string spec = absl::GetFlag(FLAGS_draft_model); !spec.empty()) {
+    const absl::Time draft_start = absl::Now();
+    absl::StatusOr<std::unique_ptr<DraftModel>> loaded_draft =
+        LoadDraftModel(spec, *model, backend);
+    if (!loaded_draft.ok()) {
+      // A spec out of range or a draft whose vocabulary differs: one line, exit 2.
+      spdlog::error("--draft_model: {}", std::string(loaded_draft.status().message()));
+      std::exit(2);
+    }
+    draft = *std::move(loaded_draft);
+    // self:K runs the target's own LlamaModel, configured above.
+    if (draft->owned != nullptr) draft->owned->llama->SetKvCacheDType(kv_dtype);
+    spdlog::info("draft model {} ({} of its {} layers, {}) in {:.2f} s", draft->name,
+                 draft->num_layers, draft->config().num_layers,
+                 draft->owned == nullptr ? "the target's weights" : "its own weights",
+                 absl::ToDoubleSeconds(absl::Now() - draft_start));
+  }
 
   EngineOptions engine_options;
   engine_options.ridgefill_sink_tokens = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
@@ -319,6 +366,9 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   engine_options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   engine_options.kv_cache_tokens = absl::GetFlag(FLAGS_kv_cache_tokens);
   engine_options.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
+  engine_options.draft = draft.get();
+  engine_options.draft_kv_cache_tokens = absl::GetFlag(FLAGS_draft_kv_cache_tokens);
+  engine_options.spec_pc_original_positions = absl::GetFlag(FLAGS_spec_pc_original_positions);
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
   {
     const EngineStats stats = engine->stats();
@@ -356,6 +406,9 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   options.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
   options.max_stop_strings = absl::GetFlag(FLAGS_max_stop_strings);
   options.max_stop_string_bytes = absl::GetFlag(FLAGS_max_stop_string_bytes);
+  options.has_draft_model = draft != nullptr;
+  options.spec_pc_budget = absl::GetFlag(FLAGS_spec_pc_budget);
+  options.spec_pc_lookahead_tokens = absl::GetFlag(FLAGS_spec_pc_lookahead_tokens);
   ServerMetrics metrics(
       [&engine = *engine] { return engine.stats(); },
       {RIDGESERVE_VERSION, model->config.name, options.backend, options.tensor_parallel});
@@ -416,10 +469,12 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("ridgeserve"));
 
-  // Usage errors in the security and limit flags: one line, exit code 2.
+  // Usage errors in the security, limit and SpecPC flags: one line, exit code 2.
   absl::StatusOr<ridgeserve::PortSecurity> security = ridgeserve::PortSecurityFromFlags();
-  if (absl::Status usage = security.ok() ? ridgeserve::CheckLimitFlags() : security.status();
-      !usage.ok()) {
+  absl::Status usage = security.status();
+  if (usage.ok()) usage = ridgeserve::CheckLimitFlags();
+  if (usage.ok()) usage = ridgeserve::CheckSpecPcFlags();
+  if (!usage.ok()) {
     spdlog::error("{}", std::string(usage.message()));
     return 2;
   }

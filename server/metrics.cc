@@ -27,7 +27,8 @@ const prometheus::Histogram::BucketBoundaries kRequestLatencyBuckets = {
     0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
-constexpr const char* kPrefillModes[] = {"exact", "ridgefill"};
+// prefill_mode labels, by ServerMetrics::Mode.
+constexpr const char* kPrefillModes[] = {"exact", "ridgefill", "spec_pc"};
 
 // Engine::stats() turned into gauges and a counter at scrape time, so they are never stale.
 prometheus::MetricFamily OneValue(const char* name, const char* help, prometheus::MetricType type,
@@ -146,7 +147,7 @@ ServerMetrics::ServerMetrics(std::function<EngineStats()> engine_stats, const Bu
            .Help(
                "Requests that reached the engine and ended OK, by finish reason and prefill mode.")
            .Register(r);
-  for (int mode = 0; mode < 2; ++mode) {
+  for (int mode = 0; mode < kNumModes; ++mode) {
     ModeMetrics& m = modes_[mode];
     m.label = kPrefillModes[mode];
     const prometheus::Labels labels = {{"prefill_mode", m.label}};
@@ -188,6 +189,18 @@ ServerMetrics::ServerMetrics(std::function<EngineStats()> engine_stats, const Bu
       &histogram("ridgeserve_ridgefill_ttft_saved_seconds",
                  "RidgeFill: per-request estimate of the prefill time the filled rows saved "
                  "(measured per-row cost of the exact layers), for requests that filled rows.")
+           .Add({}, kTtftBuckets);
+  spec_pc_dropped_tokens_ =
+      &counter("ridgeserve_spec_pc_dropped_prompt_tokens_total",
+               "SpecPC: prompt tokens the draft's scores dropped (never prefilled by the model).");
+  spec_pc_draft_ = &histogram("ridgeserve_spec_pc_draft_seconds",
+                              "SpecPC: per-request time of the draft's prefill and lookahead.")
+                        .Add({}, kTtftBuckets);
+  spec_pc_ttft_saved_ =
+      &histogram("ridgeserve_spec_pc_ttft_saved_seconds",
+                 "SpecPC: per-request estimate of the prefill time the dropped tokens saved "
+                 "(measured per-token cost of the prefill that ran the kept ones), less the "
+                 "draft's time.")
            .Add({}, kTtftBuckets);
   prometheus::BuildGauge()
       .Name("ridgeserve_build_info")
@@ -242,9 +255,17 @@ void ServerMetrics::RecordError(absl::StatusCode code) {
   errors_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
 }
 
+RequestMetrics::RequestMetrics(ServerMetrics& metrics, const EngineRequest& request)
+    : metrics_(metrics),
+      spec_pc_(request.spec_pc.budget > 0 &&
+               static_cast<size_t>(request.spec_pc.budget) < request.prompt.size()) {}
+
 void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_reason) {
   if (finished_) return;
-  ServerMetrics::ModeMetrics& mode = metrics_.ModeOf(event);
+  ServerMetrics::ModeMetrics& mode =
+      metrics_.modes_[event.split_layer >= 0 ? ServerMetrics::kRidgeFill
+                      : spec_pc_             ? ServerMetrics::kSpecPc
+                                             : ServerMetrics::kExact];
   if (!event.tokens.empty()) {
     const Clock::time_point now = Clock::now();
     if (!last_token_) {
@@ -254,6 +275,10 @@ void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_re
         metrics_.filled_tokens_->Increment(event.filled_prompt_tokens);
         metrics_.skipped_layer_tokens_->Increment(static_cast<double>(event.skipped_layer_tokens));
         metrics_.ttft_saved_->Observe(event.timing.estimated_ttft_saved_seconds);
+      }
+      if (spec_pc_) {
+        metrics_.spec_pc_dropped_tokens_->Increment(event.prompt_tokens - event.kept_prompt_tokens);
+        metrics_.spec_pc_ttft_saved_->Observe(event.timing.estimated_ttft_saved_seconds);
       }
     } else {
       mode.itl->Observe(std::chrono::duration<double>(now - *last_token_).count());
@@ -272,6 +297,7 @@ void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_re
   if (last_token_) {
     mode.queue->Observe(event.timing.queue_seconds);
     mode.prefill->Observe(event.timing.prefill_seconds);
+    if (spec_pc_) metrics_.spec_pc_draft_->Observe(event.timing.draft_seconds);
   }
 }
 

@@ -11,11 +11,16 @@
 // - ridgeserve_request_errors_total{code}: every Generate/GenerateStream call the server
 //   ends with a non-OK status (gRPC code name, e.g. INVALID_ARGUMENT): refused at validation,
 //   admission or submission, or failed in the engine.
-// - prefill_mode is what the engine did, from TokenEvent::split_layer: "ridgefill" when the
-//   prompt was prefilled with a RidgeFill split, else "exact".
+// - prefill_mode is what the engine did: "ridgefill" when the prompt was prefilled with a
+//   RidgeFill split (TokenEvent::split_layer), "spec_pc" for a SpecPC request whose budget is
+//   below its prompt length (the engine runs a prompt within the budget exactly), else
+//   "exact" (also RidgeFill requests with nothing to fill).
 // - At a request's first token: ridgeserve_time_to_first_token_seconds (engine-measured),
-//   ridgeserve_prompt_tokens_total, and for RidgeFill requests that filled rows the filled
-//   and skipped layer-token counters and ridgeserve_ridgefill_ttft_saved_seconds.
+//   ridgeserve_prompt_tokens_total; for RidgeFill requests that filled rows the filled
+//   and skipped layer-token counters and ridgeserve_ridgefill_ttft_saved_seconds; for
+//   spec_pc requests ridgeserve_spec_pc_dropped_prompt_tokens_total (prompt tokens the target
+//   never prefilled) and ridgeserve_spec_pc_ttft_saved_seconds (the engine's estimate, priced
+//   as RidgeFill's is, less the draft's time).
 // - At every later event that carries tokens: ridgeserve_inter_token_latency_seconds, one
 //   observation per event (an event carrying several tokens is one gap, as in vLLM), timed on
 //   the steady clock when the engine thread hands the event to the server: the callback runs
@@ -24,7 +29,8 @@
 //   (including tokens dropped after a stop string matched: they were computed).
 // - At the final OK event: ridgeserve_e2e_request_latency_seconds, and for requests that got
 //   a first token, ridgeserve_request_queue_time_seconds and
-//   ridgeserve_request_prefill_time_seconds (engine-measured).
+//   ridgeserve_request_prefill_time_seconds (engine-measured), and for spec_pc ones
+//   ridgeserve_spec_pc_draft_seconds (the draft's prefill and lookahead).
 // - Read from Engine::stats() at scrape time (never stale): ridgeserve_num_requests_running,
 //   ridgeserve_num_requests_waiting, ridgeserve_kv_cache_usage_ratio (used / total blocks),
 //   ridgeserve_num_preemptions_total.
@@ -108,21 +114,23 @@ class ServerMetrics {
     prometheus::Histogram* prefill = nullptr;
     const char* label = "";  // prefill_mode
   };
-  // The event's prefill mode: modes_[0] exact, modes_[1] ridgefill.
-  ModeMetrics& ModeOf(const TokenEvent& event) { return modes_[event.split_layer >= 0 ? 1 : 0]; }
+  enum Mode { kExact, kRidgeFill, kSpecPc, kNumModes };  // index into modes_
   // ridgeserve_requests_total{finish_reason (lower case), prefill_mode}.
   prometheus::Counter& RequestCounter(const ModeMetrics& mode, v1::FinishReason reason);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<EngineCollector> engine_collector_;
-  std::array<ModeMetrics, 2> modes_;
+  std::array<ModeMetrics, kNumModes> modes_;
   prometheus::Family<prometheus::Counter>* requests_ = nullptr;
   prometheus::Family<prometheus::Counter>* errors_ = nullptr;
   prometheus::Counter* prompt_tokens_ = nullptr;
   prometheus::Counter* generation_tokens_ = nullptr;
   prometheus::Counter* filled_tokens_ = nullptr;
   prometheus::Counter* skipped_layer_tokens_ = nullptr;
-  prometheus::Histogram* ttft_saved_ = nullptr;
+  prometheus::Histogram* ttft_saved_ = nullptr;  // RidgeFill's
+  prometheus::Counter* spec_pc_dropped_tokens_ = nullptr;
+  prometheus::Histogram* spec_pc_draft_ = nullptr;
+  prometheus::Histogram* spec_pc_ttft_saved_ = nullptr;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };
@@ -130,7 +138,8 @@ class ServerMetrics {
 // One request's metrics: turns its engine events into observations, each at most once.
 class RequestMetrics {
  public:
-  explicit RequestMetrics(ServerMetrics& metrics) : metrics_(metrics) {}
+  // `request` as submitted: a SpecPC budget below its prompt length makes it "spec_pc".
+  RequestMetrics(ServerMetrics& metrics, const EngineRequest& request);
 
   // Every engine event of the request, in order. `finish_reason` is what the client is told on
   // the final event (STOP_SEQUENCE when the server matched a stop string); unused before.
@@ -140,6 +149,7 @@ class RequestMetrics {
   using Clock = std::chrono::steady_clock;
 
   ServerMetrics& metrics_;
+  const bool spec_pc_;
   std::optional<Clock::time_point> last_token_;  // when the previous tokens arrived
   bool finished_ = false;
 };

@@ -64,7 +64,11 @@ OutputBuilder::Step OutputBuilder::OnEvent(const TokenEvent& event) {
   usage.set_completion_tokens(completion_tokens_);
   usage.set_cached_prompt_tokens(event.cached_prompt_tokens);
   usage.set_filled_prompt_tokens(event.filled_prompt_tokens);
-  usage.set_exact_prompt_tokens(prompt_tokens - event.filled_prompt_tokens);
+  // SpecPC's dropped tokens ran no layer; every other request prefills its whole prompt (also
+  // when it ended before the engine said so).
+  const int32_t kept = event.kept_prompt_tokens > 0 ? event.kept_prompt_tokens : prompt_tokens;
+  usage.set_kept_prompt_tokens(kept);
+  usage.set_exact_prompt_tokens(kept - event.filled_prompt_tokens);
 
   v1::Timing& timing = *delta.mutable_timing();
   timing.set_queue_seconds(event.timing.queue_seconds);
@@ -72,6 +76,7 @@ OutputBuilder::Step OutputBuilder::OnEvent(const TokenEvent& event) {
   timing.set_prefill_seconds(event.timing.prefill_seconds);
   timing.set_e2e_seconds(event.timing.e2e_seconds);
   timing.set_estimated_ttft_saved_seconds(event.timing.estimated_ttft_saved_seconds);
+  timing.set_draft_seconds(event.timing.draft_seconds);
   return step;
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/status_macros.h"
+#include "engine/draft/spec_pc.h"
 
 namespace ridgeserve {
 namespace {
@@ -104,10 +105,17 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab,
   return absl::OkStatus();
 }
 
-absl::Status ValidateBudget(const v1::BudgetOptions& b, const std::string& field) {
-  if (b.has_budget() && b.budget() < 1) {
+// `field`'s budget (>= min_budget) and lookahead_tokens ([1, max_lookahead]), when set.
+absl::Status ValidateBudget(const v1::BudgetOptions& b, const std::string& field,
+                            int32_t min_budget, int32_t max_lookahead) {
+  if (b.has_budget() && b.budget() < min_budget) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".budget must be >= 1, got ", b.budget()));
+        absl::StrCat(field, ".budget must be >= ", min_budget, ", got ", b.budget()));
+  }
+  if (b.has_lookahead_tokens() &&
+      (b.lookahead_tokens() < 1 || b.lookahead_tokens() > max_lookahead)) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".lookahead_tokens must be in [1, ",
+                                                   max_lookahead, "], got ", b.lookahead_tokens()));
   }
   return absl::OkStatus();
 }
@@ -130,8 +138,10 @@ absl::Status ValidatePrefill(const v1::PrefillOptions& p, const ServerOptions& o
                                                      span.begin(), ", ", span.end(), ")"));
     }
   }
-  RS_RETURN_IF_ERROR(ValidateBudget(p.spec_pc(), "prefill.spec_pc"));
-  RS_RETURN_IF_ERROR(ValidateBudget(p.spec_kv(), "prefill.spec_kv"));
+  RS_RETURN_IF_ERROR(
+      ValidateBudget(p.spec_pc(), "prefill.spec_pc", kSpecPcMinBudget, kSpecPcMaxLookahead));
+  // SpecKV's lookahead is an answer, capped as max_new_tokens is.
+  RS_RETURN_IF_ERROR(ValidateBudget(p.spec_kv(), "prefill.spec_kv", 1, kMaxNewTokensLimit));
 
   switch (p.mode()) {
     case v1::PrefillOptions::EXACT:
@@ -154,9 +164,13 @@ absl::Status ValidatePrefill(const v1::PrefillOptions& p, const ServerOptions& o
       return absl::OkStatus();
     }
     case v1::PrefillOptions::SPEC_PC:
-      return absl::FailedPreconditionError("prefill.mode SPEC_PC is not available");
+      if (!options.has_draft_model) {
+        return absl::FailedPreconditionError(
+            "prefill.mode SPEC_PC: no draft model loaded (start the server with --draft_model)");
+      }
+      return absl::OkStatus();
     case v1::PrefillOptions::SPEC_KV:
-      return absl::FailedPreconditionError("prefill.mode SPEC_KV is not available");
+      return absl::FailedPreconditionError("prefill.mode SPEC_KV is not implemented yet");
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("prefill.mode: unknown value ", static_cast<int>(p.mode())));
@@ -273,6 +287,12 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const v1::GenerateReque
       }
       fill.exact_spans.emplace_back(span.begin(), span.end());
     }
+  }
+  if (request.prefill().mode() == v1::PrefillOptions::SPEC_PC) {
+    const v1::BudgetOptions& b = request.prefill().spec_pc();
+    out.engine.spec_pc.budget = b.has_budget() ? b.budget() : options.spec_pc_budget;
+    out.engine.spec_pc.lookahead_tokens =
+        b.has_lookahead_tokens() ? b.lookahead_tokens() : options.spec_pc_lookahead_tokens;
   }
   return out;
 }

@@ -30,8 +30,13 @@ struct ServerOptions {
   // The split a RIDGEFILL request gets when it names none (one of ridgefill_split_layers).
   int32_t default_split_layer = -1;
   std::string ridgefill_unavailable;  // why no maps are loaded (e.g. calibration progress)
-  // A draft model is loaded (SPEC_PC / SPEC_KV possible). Not implemented yet.
+  // A draft model is loaded (--draft_model): SPEC_PC possible; without one it is refused with
+  // FAILED_PRECONDITION.
   bool has_draft_model = false;
+  // SpecPC: what a SPEC_PC request gets when it leaves budget / lookahead_tokens unset
+  // (--spec_pc_budget, --spec_pc_lookahead_tokens).
+  int32_t spec_pc_budget = 2048;
+  int32_t spec_pc_lookahead_tokens = 1;
 };
 
 }  // namespace ridgeserve

@@ -29,9 +29,11 @@ TARGET_LABELS = {"job", "instance"}
 NAME_RE = re.compile(r"\b(ridgeserve_[a-zA-Z0-9_]*|[a-z_]+:ridgeserve_[a-zA-Z0-9_:]*)")
 MATCHERS_RE = re.compile(r"\b(ridgeserve_[a-zA-Z0-9_]*)\{([^}]*)\}")
 BY_RE = re.compile(r"\bby\s*\(([^)]*)\)")
-# Panels the dashboard must have (issue #5), by a word of their title.
+# Panels the dashboard must have (issues #5 and #14), by a word of their title.
 REQUIRED_PANELS = ["TTFT p50 / p95", "TTFT saved by RidgeFill per second",
                    "TTFT saved per RidgeFill request", "Share of requests using RidgeFill",
+                   "TTFT saved per SpecPC request", "SpecPC draft time",
+                   "SpecPC dropped prompt tokens", "Share of requests using SpecPC",
                    "tokens per second", "running / waiting", "KV cache", "Preemptions",
                    "Errors by gRPC code"]
 

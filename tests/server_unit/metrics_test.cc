@@ -1,6 +1,7 @@
 // ServerMetrics and RequestMetrics fed with hand-made engine events (no model, no engine): each
 // request is counted once, in requests_total or request_errors_total, with its prefill mode;
-// TTFT, ITL and token counters follow the events; RidgeFill counters only for filled rows;
+// TTFT, ITL and token counters follow the events; RidgeFill counters only for filled rows,
+// SpecPC ones only for requests whose budget is below the prompt;
 // engine gauges are read at scrape time; /metrics is served over HTTP on a free port.
 #include "server/metrics.h"
 
@@ -67,7 +68,7 @@ TokenEvent Final(TokenEvent e, absl::Status status = absl::OkStatus()) {
 
 TEST(ServerMetricsTest, ExactRequestCountedOnceWithItsTokens) {
   ServerMetrics metrics(Idle, Info());
-  RequestMetrics request(metrics);
+  RequestMetrics request(metrics, EngineRequest{});
   for (int i = 0; i < 4; ++i) request.OnEvent(Token(), v1::FINISH_REASON_UNSPECIFIED);
   request.OnEvent(Final(Token()), v1::LENGTH);
   request.OnEvent(Final(Token()), v1::LENGTH);  // a second final event changes nothing
@@ -104,7 +105,7 @@ TEST(ServerMetricsTest, ExactRequestCountedOnceWithItsTokens) {
 
 TEST(ServerMetricsTest, RidgeFillRequestCountsFilledRowsAndSavedSeconds) {
   ServerMetrics metrics(Idle, Info());
-  RequestMetrics request(metrics);
+  RequestMetrics request(metrics, EngineRequest{});
   request.OnEvent(Token(/*split_layer=*/22), v1::FINISH_REASON_UNSPECIFIED);
   request.OnEvent(Token(22), v1::FINISH_REASON_UNSPECIFIED);
   request.OnEvent(Final(Token(22)), v1::STOP_SEQUENCE);
@@ -123,15 +124,77 @@ TEST(ServerMetricsTest, RidgeFillRequestCountsFilledRowsAndSavedSeconds) {
   EXPECT_EQ(Value(text, "ridgeserve_ridgefill_ttft_saved_seconds_sum"), 0.125);
 }
 
+// A SpecPC request of 50 prompt tokens with `budget` and the events its engine run gives.
+EngineRequest SpecPcRequest(int32_t budget) {
+  EngineRequest r;
+  r.prompt.assign(50, 7);
+  r.spec_pc.budget = budget;
+  return r;
+}
+
+TokenEvent SpecPcToken(int32_t kept) {
+  TokenEvent e = Token();
+  e.kept_prompt_tokens = kept;
+  e.exact_prompt_tokens = kept;
+  if (kept < e.prompt_tokens) e.timing.estimated_ttft_saved_seconds = 0.0625;
+  return e;
+}
+
+TEST(ServerMetricsTest, SpecPcRequestCountsDroppedTokensDraftAndSavedSeconds) {
+  ServerMetrics metrics(Idle, Info());
+  RequestMetrics request(metrics, SpecPcRequest(/*budget=*/20));
+  request.OnEvent(SpecPcToken(20), v1::FINISH_REASON_UNSPECIFIED);
+  request.OnEvent(SpecPcToken(20), v1::FINISH_REASON_UNSPECIFIED);
+  TokenEvent last = Final(SpecPcToken(20));
+  last.timing.draft_seconds = 0.375;
+  request.OnEvent(last, v1::LENGTH);
+  const std::string text = metrics.Render();
+  EXPECT_EQ(
+      Value(text, R"(ridgeserve_requests_total{finish_reason="length",prefill_mode="spec_pc"})"),
+      1);
+  EXPECT_EQ(
+      Value(text, R"(ridgeserve_requests_total{finish_reason="length",prefill_mode="exact"})"), 0);
+  for (const char* histogram :
+       {"ridgeserve_time_to_first_token_seconds", "ridgeserve_e2e_request_latency_seconds",
+        "ridgeserve_request_queue_time_seconds", "ridgeserve_request_prefill_time_seconds"}) {
+    EXPECT_EQ(Value(text, absl::StrCat(histogram, R"(_count{prefill_mode="spec_pc"})")), 1)
+        << histogram;
+  }
+  EXPECT_EQ(Value(text, R"(ridgeserve_inter_token_latency_seconds_count{prefill_mode="spec_pc"})"),
+            1);
+  EXPECT_EQ(Value(text, "ridgeserve_prompt_tokens_total"), 50);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_pc_dropped_prompt_tokens_total"), 30);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_pc_draft_seconds_count"), 1);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_pc_draft_seconds_sum"), 0.375);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_pc_ttft_saved_seconds_count"), 1);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_pc_ttft_saved_seconds_sum"), 0.0625);
+  EXPECT_EQ(Value(text, "ridgeserve_ridgefill_ttft_saved_seconds_count"), 0);
+}
+
+TEST(ServerMetricsTest, SpecPcBudgetCoveringThePromptIsExact) {
+  ServerMetrics metrics(Idle, Info());
+  RequestMetrics request(metrics, SpecPcRequest(/*budget=*/50));
+  request.OnEvent(SpecPcToken(50), v1::FINISH_REASON_UNSPECIFIED);
+  request.OnEvent(Final(SpecPcToken(50)), v1::STOP);
+  const std::string text = metrics.Render();
+  EXPECT_EQ(Value(text, R"(ridgeserve_requests_total{finish_reason="stop",prefill_mode="exact"})"),
+            1);
+  EXPECT_EQ(
+      Value(text, R"(ridgeserve_requests_total{finish_reason="stop",prefill_mode="spec_pc"})"), 0);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_pc_dropped_prompt_tokens_total"), 0);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_pc_draft_seconds_count"), 0);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_pc_ttft_saved_seconds_count"), 0);
+}
+
 TEST(ServerMetricsTest, FailuresCountOnlyAsErrors) {
   ServerMetrics metrics(Idle, Info());
   metrics.RecordError(absl::StatusCode::kInvalidArgument);
   metrics.RecordError(absl::StatusCode::kInvalidArgument);
   metrics.RecordError(absl::StatusCode::kDeadlineExceeded);  // not pre-registered
-  RequestMetrics failed(metrics);
+  RequestMetrics failed(metrics, EngineRequest{});
   failed.OnEvent(Token(), v1::FINISH_REASON_UNSPECIFIED);
   failed.OnEvent(Final(Token(), absl::InternalError("boom")), v1::FINISH_REASON_UNSPECIFIED);
-  RequestMetrics aborted_before_first_token(metrics);
+  RequestMetrics aborted_before_first_token(metrics, EngineRequest{});
   TokenEvent abort = Final(TokenEvent());
   abort.finish_reason = FinishReason::kAborted;
   aborted_before_first_token.OnEvent(abort, v1::ABORTED);

@@ -87,6 +87,7 @@ TEST_F(OutputBuilderTest, DeltasConcatenateToTheTextAndNeverSplitCharacters) {
   EXPECT_EQ(last.delta.usage().completion_tokens(), static_cast<int32_t>(ids.size()));
   EXPECT_EQ(last.delta.usage().cached_prompt_tokens(), 4);
   EXPECT_EQ(last.delta.usage().exact_prompt_tokens(), 11);
+  EXPECT_EQ(last.delta.usage().kept_prompt_tokens(), 11);  // the engine left it unset
   EXPECT_DOUBLE_EQ(last.delta.timing().ttft_seconds(), 0.2);
   EXPECT_DOUBLE_EQ(last.delta.timing().e2e_seconds(), 0.4);
 }
@@ -135,6 +136,20 @@ TEST_F(OutputBuilderTest, SpecialTokensAreNotText) {
   OutputBuilder::Step step = builder.OnEvent(e);
   EXPECT_EQ(step.delta.text(), "Hi");
   EXPECT_EQ(step.delta.token_ids_size(), 2);
+}
+
+TEST_F(OutputBuilderTest, SpecPcUsageCountsKeptTokensAndDraftTime) {
+  OutputBuilder builder(*tokenizer_, "r6", {}, 11);
+  TokenEvent e = Final(FinishReason::kLength);
+  e.kept_prompt_tokens = 7;
+  e.timing.draft_seconds = 0.05;
+  e.timing.estimated_ttft_saved_seconds = 0.02;
+  const OutputBuilder::Step step = builder.OnEvent(e);
+  EXPECT_EQ(step.delta.usage().prompt_tokens(), 11);
+  EXPECT_EQ(step.delta.usage().kept_prompt_tokens(), 7);
+  EXPECT_EQ(step.delta.usage().exact_prompt_tokens(), 7);  // the dropped 4 ran no layer
+  EXPECT_DOUBLE_EQ(step.delta.timing().draft_seconds(), 0.05);
+  EXPECT_DOUBLE_EQ(step.delta.timing().estimated_ttft_saved_seconds(), 0.02);
 }
 
 TEST_F(OutputBuilderTest, FailureIsPassedOn) {

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 
+#include "engine/draft/spec_pc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server_unit/smollm2_fixture.h"
@@ -219,9 +221,9 @@ TEST_F(RequestValidationTest, PrefillModes) {
   r.mutable_prefill()->set_mode(v1::PrefillOptions::RIDGEFILL);
   ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "no RidgeFill maps loaded");
   r.mutable_prefill()->set_mode(v1::PrefillOptions::SPEC_PC);
-  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "SPEC_PC");
+  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "no draft model loaded");
   r.mutable_prefill()->set_mode(v1::PrefillOptions::SPEC_KV);
-  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "SPEC_KV");
+  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "SPEC_KV is not implemented yet");
   r.mutable_prefill()->set_mode(static_cast<v1::PrefillOptions::Mode>(9));
   ExpectRefused(r, absl::StatusCode::kInvalidArgument, "prefill.mode");
 
@@ -240,6 +242,55 @@ TEST_F(RequestValidationTest, PrefillModes) {
   v1::GenerateRequest exact = Text("Hi");
   exact.mutable_prefill()->set_mode(v1::PrefillOptions::EXACT);
   EXPECT_TRUE(Validate(exact).ok());
+}
+
+TEST_F(RequestValidationTest, SpecPcWithADraftModel) {
+  ServerOptions options;
+  options.has_draft_model = true;
+  options.spec_pc_budget = 512;
+  options.spec_pc_lookahead_tokens = 3;
+  v1::GenerateRequest r = Text("Hello world");
+  r.mutable_prefill()->set_mode(v1::PrefillOptions::SPEC_PC);
+  // Unset fields: the server's defaults.
+  absl::StatusOr<ValidatedRequest> v = Validate(r, options);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->engine.spec_pc.budget, 512);
+  EXPECT_EQ(v->engine.spec_pc.lookahead_tokens, 3);
+  // The request's own, at the limits.
+  v1::BudgetOptions& b = *r.mutable_prefill()->mutable_spec_pc();
+  b.set_budget(kSpecPcMinBudget);
+  b.set_lookahead_tokens(kSpecPcMaxLookahead);
+  v = Validate(r, options);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->engine.spec_pc.budget, kSpecPcMinBudget);
+  EXPECT_EQ(v->engine.spec_pc.lookahead_tokens, kSpecPcMaxLookahead);
+  b.set_lookahead_tokens(1);
+  v = Validate(r, options);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->engine.spec_pc.lookahead_tokens, 1);
+
+  // Out of range: INVALID_ARGUMENT naming the field.
+  for (const auto& [budget, lookahead, field] :
+       {std::tuple{kSpecPcMinBudget - 1, 1, "prefill.spec_pc.budget"},
+        std::tuple{0, 1, "prefill.spec_pc.budget"},
+        std::tuple{128, 0, "prefill.spec_pc.lookahead_tokens"},
+        std::tuple{128, kSpecPcMaxLookahead + 1, "prefill.spec_pc.lookahead_tokens"}}) {
+    b.set_budget(budget);
+    b.set_lookahead_tokens(lookahead);
+    v = Validate(r, options);
+    ASSERT_FALSE(v.ok()) << budget << " " << lookahead;
+    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << v.status();
+    EXPECT_THAT(std::string(v.status().message()), HasSubstr(field));
+  }
+
+  // Other modes carry no SpecPC budget, and SPEC_KV stays refused with a draft too.
+  r.mutable_prefill()->clear_spec_pc();
+  r.mutable_prefill()->set_mode(v1::PrefillOptions::EXACT);
+  v = Validate(r, options);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->engine.spec_pc.budget, 0);
+  r.mutable_prefill()->set_mode(v1::PrefillOptions::SPEC_KV);
+  EXPECT_EQ(Validate(r, options).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(RequestValidationTest, TokenizeInput) {
