@@ -1,10 +1,11 @@
 // ridgeserve-loadtest: drives a running ridgeserve with GenerateStream calls and measures what
 // users feel (client-side, queue-inclusive TTFT, inter-token latency, TPOT, E2E), throughput,
-// goodput under SLOs and errors by gRPC code, per prefill mode (exact vs RidgeFill).
+// goodput under SLOs and errors by gRPC code, per prefill mode (exact, RidgeFill, SpecPC).
 //   ridgeserve-loadtest --text FILE --arrival closed --concurrency 4 --num_requests 100
 //   ridgeserve-loadtest --text FILE --arrival poisson --rate 2 --duration_s 60
 //   ridgeserve-loadtest --text FILE --arrival gamma --rate 2 --burstiness 0.5
 //   ridgeserve-loadtest --text FILE --arrival poisson --sweep_rates 1,2,4 --json r.json
+//   ridgeserve-loadtest --text FILE --mode_share exact=0.5,ridgefill=0.25,spec_pc=0.25
 // Exit code: 0 when the run completed (failed requests are results, not failures); otherwise
 // the absl status code of the problem, printed as "CODE: message".
 #include <unistd.h>
@@ -66,11 +67,19 @@ ABSL_FLAG(std::string, output_tokens, "fixed:64", "tokens to generate: same form
 ABSL_FLAG(bool, chat, false,
           "send each prompt as a user chat message (the template adds tokens: lengths are "
           "approximate)");
-ABSL_FLAG(double, ridgefill_share, 0, "fraction of requests sent with prefill mode RIDGEFILL");
+ABSL_FLAG(std::string, mode_share, "",
+          "prefill mix, MODE=SHARE,... with MODE exact, ridgefill or spec_pc and the shares "
+          "summing to 1, e.g. exact=0.5,ridgefill=0.25,spec_pc=0.25 (empty: all exact, or "
+          "--ridgefill_share)");
+ABSL_FLAG(double, ridgefill_share, 0,
+          "fraction of requests sent with prefill mode RIDGEFILL, the rest EXACT (shorthand for "
+          "--mode_share exact=1-S,ridgefill=S)");
 ABSL_FLAG(std::optional<int32_t>, exact_tail_tokens, std::nullopt,
           "RIDGEFILL requests: prompt tail run exactly (default: the server's)");
 ABSL_FLAG(std::optional<int32_t>, split_layer, std::nullopt,
           "RIDGEFILL requests: split layer (default: the maps')");
+ABSL_FLAG(std::optional<int32_t>, spec_pc_budget, std::nullopt,
+          "SPEC_PC requests: prompt tokens kept (default: the server's --spec_pc_budget)");
 ABSL_FLAG(double, temperature, 0, "sampling temperature (0 = greedy)");
 ABSL_FLAG(bool, ignore_eos, true, "decode exactly --output_tokens tokens");
 ABSL_FLAG(uint64_t, seed, 0, "seeds prompt offsets, lengths, the prefill mix and arrivals");
@@ -162,14 +171,19 @@ nlohmann::json ConfigJson(const WorkloadOptions& w, const std::string& arrival) 
                       {"prompt_tokens", w.prompt_tokens.ToString()},
                       {"output_tokens", w.output_tokens.ToString()},
                       {"chat", w.chat},
-                      {"ridgefill_share", w.ridgefill_share},
+                      {"mode_share", nlohmann::json::object()},
                       {"exact_tail_tokens", nullptr},
                       {"split_layer", nullptr},
+                      {"spec_pc_budget", nullptr},
                       {"temperature", w.temperature},
                       {"ignore_eos", w.ignore_eos},
                       {"seed", w.seed}};
   if (w.exact_tail_tokens) c["exact_tail_tokens"] = *w.exact_tail_tokens;
   if (w.split_layer) c["split_layer"] = *w.split_layer;
+  if (w.spec_pc_budget) c["spec_pc_budget"] = *w.spec_pc_budget;
+  for (PrefillKind kind : kPrefillKinds) {
+    c["mode_share"][PrefillKindName(kind)] = w.mode_share[static_cast<int>(kind)];
+  }
   return c;
 }
 
@@ -182,12 +196,21 @@ absl::StatusOr<WorkloadOptions> BuildWorkload() {
       LengthDistribution::Parse("output_tokens", absl::GetFlag(FLAGS_output_tokens), 1));
   WorkloadOptions w{.prompt_tokens = std::move(prompt), .output_tokens = std::move(output)};
   w.chat = absl::GetFlag(FLAGS_chat);
-  w.ridgefill_share = absl::GetFlag(FLAGS_ridgefill_share);
-  if (!(w.ridgefill_share >= 0 && w.ridgefill_share <= 1)) {
+  const double ridgefill_share = absl::GetFlag(FLAGS_ridgefill_share);
+  if (!(ridgefill_share >= 0 && ridgefill_share <= 1)) {
     return absl::InvalidArgumentError("--ridgefill_share must be in [0, 1]");
+  }
+  if (const std::string mix = absl::GetFlag(FLAGS_mode_share); !mix.empty()) {
+    if (ridgefill_share != 0) {
+      return absl::InvalidArgumentError("give --mode_share or --ridgefill_share, not both");
+    }
+    RS_ASSIGN_OR_RETURN(w.mode_share, ParseModeShare(mix));
+  } else {
+    w.mode_share = {1 - ridgefill_share, ridgefill_share, 0};
   }
   w.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
   w.split_layer = absl::GetFlag(FLAGS_split_layer);
+  w.spec_pc_budget = absl::GetFlag(FLAGS_spec_pc_budget);
   w.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   w.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   w.seed = absl::GetFlag(FLAGS_seed);
@@ -232,7 +255,7 @@ absl::StatusOr<nlohmann::json> ModelJson(v1::Inference::Stub& stub, bool needs_r
   }
   if (needs_ridgefill && info.ridgefill_split_layers().empty()) {
     return absl::FailedPreconditionError(
-        "--ridgefill_share > 0 but the server has no RidgeFill maps (start it with "
+        "the mix has RIDGEFILL requests but the server has no RidgeFill maps (start it with "
         "--ridgefill_maps)");
   }
   return nlohmann::json{
@@ -267,7 +290,9 @@ absl::Status Run() {
   report.slo.ttft_s = absl::GetFlag(FLAGS_slo_ttft_ms) / 1e3;
   report.slo.tpot_s = absl::GetFlag(FLAGS_slo_tpot_ms) / 1e3;
   RS_RETURN_IF_ERROR(WaitServing(channel));
-  RS_ASSIGN_OR_RETURN(report.model, ModelJson(*stub, workload.ridgefill_share > 0));
+  RS_ASSIGN_OR_RETURN(
+      report.model,
+      ModelJson(*stub, workload.mode_share[static_cast<int>(PrefillKind::kRidgeFill)] > 0));
   RS_ASSIGN_OR_RETURN(TokenCorpus corpus,
                       LoadTokenCorpus(*stub, absl::GetFlag(FLAGS_text),
                                       static_cast<size_t>(absl::GetFlag(FLAGS_text_max_bytes)),

@@ -86,7 +86,7 @@ absl::Status DrawPlot(const RunReport& report, const std::string& png_path) {
 
   // TTFT CDF per mode, over every phase's successful requests.
   std::vector<std::string> cdf_plots;
-  for (PrefillKind kind : {PrefillKind::kExact, PrefillKind::kRidgeFill}) {
+  for (PrefillKind kind : kPrefillKinds) {
     std::vector<double> ttft_ms;
     for (const PhaseResult& p : report.phases) {
       for (const RequestRecord& r : p.records) {
@@ -110,7 +110,7 @@ absl::Status DrawPlot(const RunReport& report, const std::string& png_path) {
   // Latency against offered rate per mode (sweeps).
   std::vector<std::string> rate_plots;
   if (sweep) {
-    for (PrefillKind kind : {PrefillKind::kExact, PrefillKind::kRidgeFill}) {
+    for (PrefillKind kind : kPrefillKinds) {
       const std::string name = PrefillKindName(kind);
       const std::string file = (dir / absl::StrCat("rate_", name, ".dat")).string();
       std::ofstream f(file);

@@ -3,7 +3,15 @@
 namespace ridgeserve::loadtest {
 
 const char* PrefillKindName(PrefillKind kind) {
-  return kind == PrefillKind::kRidgeFill ? "ridgefill" : "exact";
+  switch (kind) {
+    case PrefillKind::kRidgeFill:
+      return "ridgefill";
+    case PrefillKind::kSpecPc:
+      return "spec_pc";
+    case PrefillKind::kExact:
+      break;
+  }
+  return "exact";
 }
 
 }  // namespace ridgeserve::loadtest

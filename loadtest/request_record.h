@@ -10,10 +10,13 @@
 
 namespace ridgeserve::loadtest {
 
-// The prefill modes a run mixes (PrefillOptions.mode EXACT or RIDGEFILL).
-enum class PrefillKind { kExact, kRidgeFill };
+// The prefill modes a run mixes (PrefillOptions.mode EXACT, RIDGEFILL or SPEC_PC).
+enum class PrefillKind { kExact, kRidgeFill, kSpecPc };
+inline constexpr int kNumPrefillKinds = 3;
+inline constexpr PrefillKind kPrefillKinds[kNumPrefillKinds] = {
+    PrefillKind::kExact, PrefillKind::kRidgeFill, PrefillKind::kSpecPc};
 
-// "exact" or "ridgefill": the key used in the JSON, CSV and tables.
+// "exact", "ridgefill" or "spec_pc": the key used in the flags, JSON, CSV and tables.
 const char* PrefillKindName(PrefillKind kind);
 
 struct RequestRecord {
@@ -41,6 +44,7 @@ struct RequestRecord {
   // From the final message (zero when the call failed before it).
   int32_t server_prompt_tokens = 0;
   int32_t server_filled_prompt_tokens = 0;
+  int32_t server_kept_prompt_tokens = 0;  // SpecPC: prompt tokens the model prefilled
   double server_ttft_s = 0;
   double server_queue_s = 0;
   std::string finish_reason;  // STOP, LENGTH, ... ; empty when none arrived

@@ -66,7 +66,7 @@ std::map<std::string, GroupSummary> SummarizeByMode(
     const std::vector<const RequestRecord*>& records, double duration_s, const Slo& slo) {
   std::map<std::string, GroupSummary> out;
   out["all"] = Summarize(records, duration_s, slo);
-  for (PrefillKind kind : {PrefillKind::kExact, PrefillKind::kRidgeFill}) {
+  for (PrefillKind kind : kPrefillKinds) {
     std::vector<const RequestRecord*> subset;
     for (const RequestRecord* r : records) {
       if (r->mode == kind) subset.push_back(r);

@@ -6,7 +6,9 @@
 #include <fstream>
 #include <iterator>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace ridgeserve::loadtest {
 namespace {
@@ -14,15 +16,41 @@ namespace {
 // Bytes of text per Tokenize call: small enough for any message limit and a quick reply.
 constexpr size_t kTokenizePieceBytes = 256 << 10;
 // The prefill mix is exact within every block of requests (in a seeded order inside the
-// block); the block is the shortest that holds the share exactly (2 for 0.5, 4 for 0.25), so
-// both modes see the same load over any stretch of the run, else this many (share rounded).
+// block); the block is the shortest that holds every share exactly (2 for 0.5, 4 for 0.25), so
+// the modes see the same load over any stretch of the run, else this many (shares rounded).
 constexpr int kMaxModeBlock = 20;
+constexpr double kShareTolerance = 1e-9;
 
-int ModeBlock(double share) {
+int ModeBlock(const ModeShares& shares) {
   for (int n = 1; n < kMaxModeBlock; ++n) {
-    if (std::abs(share * n - std::round(share * n)) < 1e-9) return n;
+    if (std::all_of(shares.begin(), shares.end(), [n](double share) {
+          return std::abs(share * n - std::round(share * n)) < kShareTolerance;
+        })) {
+      return n;
+    }
   }
   return kMaxModeBlock;
+}
+
+// Requests of each mode in a block of `block`: the shares' floors, and the requests left over
+// to the largest remainders (the lower kind first on a tie).
+std::array<int, kNumPrefillKinds> ModeCounts(const ModeShares& shares, int block) {
+  std::array<int, kNumPrefillKinds> counts{};
+  std::array<double, kNumPrefillKinds> remainder{};
+  int left = block;
+  for (int k = 0; k < kNumPrefillKinds; ++k) {
+    const double exact = shares[k] * block;
+    counts[k] = static_cast<int>(std::floor(exact + kShareTolerance));
+    remainder[k] = exact - counts[k];
+    left -= counts[k];
+  }
+  for (; left > 0; --left) {
+    const int k =
+        static_cast<int>(std::max_element(remainder.begin(), remainder.end()) - remainder.begin());
+    ++counts[k];
+    remainder[k] = -1;
+  }
+  return counts;
 }
 
 // Where to end a piece that starts at `begin`: after the last whitespace before the limit, so
@@ -84,6 +112,40 @@ absl::StatusOr<TokenCorpus> LoadTokenCorpus(v1::Inference::Stub& stub, const std
   return corpus;
 }
 
+absl::StatusOr<ModeShares> ParseModeShare(absl::string_view text) {
+  ModeShares shares{};
+  std::array<bool, kNumPrefillKinds> named{};
+  double sum = 0;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    const std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(item, '=');
+    const PrefillKind* kind =
+        std::find_if(std::begin(kPrefillKinds), std::end(kPrefillKinds),
+                     [&kv](PrefillKind k) { return kv.first == PrefillKindName(k); });
+    if (kind == std::end(kPrefillKinds)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--mode_share: \"", item, "\" is not MODE=SHARE with MODE exact, ridgefill or spec_pc"));
+    }
+    const int k = static_cast<int>(kind - std::begin(kPrefillKinds));
+    if (named[k]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mode_share: ", kv.first, " is given twice"));
+    }
+    named[k] = true;
+    double share = 0;
+    if (!absl::SimpleAtod(kv.second, &share) || !(share >= 0 && share <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mode_share: ", kv.first, " share \"", kv.second, "\" is not in [0, 1]"));
+    }
+    shares[k] = share;
+    sum += share;
+  }
+  if (std::abs(sum - 1) > 1e-6) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mode_share: the shares sum to ", sum, ", not 1"));
+  }
+  return shares;
+}
+
 absl::StatusOr<RequestFactory> RequestFactory::Create(WorkloadOptions options, TokenCorpus corpus) {
   const int32_t longest = options.prompt_tokens.Max();
   if (static_cast<int64_t>(corpus.ids.size()) < longest) {
@@ -103,10 +165,13 @@ RequestFactory::RequestFactory(WorkloadOptions options, TokenCorpus corpus)
 
 PrefillKind RequestFactory::NextMode() {
   if (mode_block_.empty()) {
-    const int block = ModeBlock(options_.ridgefill_share);
-    const int ridgefill = static_cast<int>(std::lround(options_.ridgefill_share * block));
-    mode_block_.assign(block, PrefillKind::kExact);
-    std::fill_n(mode_block_.begin(), ridgefill, PrefillKind::kRidgeFill);
+    const int block = ModeBlock(options_.mode_share);
+    const std::array<int, kNumPrefillKinds> counts = ModeCounts(options_.mode_share, block);
+    // RidgeFill, SpecPC, then exact before the shuffle: a RidgeFill-only mix is the one
+    // --ridgefill_share always gave for the same seed.
+    for (PrefillKind kind : {PrefillKind::kRidgeFill, PrefillKind::kSpecPc, PrefillKind::kExact}) {
+      mode_block_.insert(mode_block_.end(), counts[static_cast<int>(kind)], kind);
+    }
     std::shuffle(mode_block_.begin(), mode_block_.end(), mode_rng_);
   }
   const PrefillKind kind = mode_block_.back();
@@ -145,6 +210,9 @@ PlannedRequest RequestFactory::Next() {
       prefill.mutable_ridgefill()->set_exact_tail_tokens(*options_.exact_tail_tokens);
     }
     if (options_.split_layer) prefill.mutable_ridgefill()->set_split_layer(*options_.split_layer);
+  } else if (p.mode == PrefillKind::kSpecPc) {
+    prefill.set_mode(v1::PrefillOptions::SPEC_PC);
+    if (options_.spec_pc_budget) prefill.mutable_spec_pc()->set_budget(*options_.spec_pc_budget);
   } else {
     prefill.set_mode(v1::PrefillOptions::EXACT);
   }

@@ -1,10 +1,12 @@
 // The requests a run sends: prompts cut from a real text file at seeded random offsets (token
 // ids from the server's own Tokenize RPC, so prompt lengths are exact), output lengths from a
 // distribution, and a prefill mode per request from a seeded mix that is balanced in short
-// blocks (share 0.5: every pair of consecutive requests has one of each, in random order).
+// blocks (ridgefill 0.5: every pair of consecutive requests has one of each, in random order;
+// exact 0.5, ridgefill 0.25, spec_pc 0.25: every 4 requests have 2, 1 and 1).
 #ifndef RIDGESERVE_LOADTEST_WORKLOAD_H_
 #define RIDGESERVE_LOADTEST_WORKLOAD_H_
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "loadtest/length_distribution.h"
 #include "loadtest/request_record.h"
 #include "ridgeserve/v1/ridgeserve.grpc.pb.h"
@@ -33,6 +36,13 @@ struct TokenCorpus {
 absl::StatusOr<TokenCorpus> LoadTokenCorpus(v1::Inference::Stub& stub, const std::string& path,
                                             size_t max_bytes, bool keep_text, double timeout_s);
 
+// The fraction of requests sent in each prefill mode, by PrefillKind; they sum to 1.
+using ModeShares = std::array<double, kNumPrefillKinds>;
+
+// "exact=0.5,ridgefill=0.25,spec_pc=0.25" (modes left out get 0): InvalidArgument naming
+// --mode_share for an unknown or repeated mode, a share outside [0, 1] or shares not summing to 1.
+absl::StatusOr<ModeShares> ParseModeShare(absl::string_view text);
+
 struct WorkloadOptions {
   LengthDistribution prompt_tokens;
   LengthDistribution output_tokens;
@@ -40,9 +50,11 @@ struct WorkloadOptions {
   // the model sees is then longer by the template (and the re-tokenized text can differ by a
   // few tokens), so lengths are approximate.
   bool chat = false;
-  double ridgefill_share = 0;  // fraction of requests sent with mode RIDGEFILL
+  ModeShares mode_share = {1, 0, 0};  // all exact
+  // RIDGEFILL requests (unset: the server's defaults).
   std::optional<int32_t> exact_tail_tokens = std::nullopt;
   std::optional<int32_t> split_layer = std::nullopt;
+  std::optional<int32_t> spec_pc_budget = std::nullopt;  // SPEC_PC requests
   float temperature = 0;
   bool ignore_eos = true;  // so every request decodes exactly its output length
   uint64_t seed = 0;

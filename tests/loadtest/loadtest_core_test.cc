@@ -1,7 +1,10 @@
 // The load generator's server-free parts: length distributions, arrival processes (moments
-// against the gamma distribution's closed form), the loopback check and the statistics
-// (percentiles against numpy's linear-interpolation definition, goodput, errors by code).
+// against the gamma distribution's closed form), the loopback check, the statistics
+// (percentiles against numpy's linear-interpolation definition, goodput, errors by code) and
+// the prefill mix (--mode_share parsing, each block holding the shares exactly).
 #include <cmath>
+#include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <vector>
@@ -11,6 +14,7 @@
 #include "loadtest/length_distribution.h"
 #include "loadtest/stats.h"
 #include "loadtest/target.h"
+#include "loadtest/workload.h"
 
 namespace ridgeserve::loadtest {
 namespace {
@@ -168,6 +172,76 @@ TEST(Stats, SummaryCountsGoodputAndErrorsByMode) {
   EXPECT_DOUBLE_EQ(by_mode.at("exact").ttft.mean, 0.3);
   // No SLO: every successful request is good.
   EXPECT_EQ(Summarize(ptrs, 2.0, Slo{}).num_good, 4);
+}
+
+TEST(ModeShare, ParsesModesAndRejectsBadMixesNamingTheFlag) {
+  absl::StatusOr<ModeShares> mix = ParseModeShare("exact=0.5,ridgefill=0.25,spec_pc=0.25");
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  EXPECT_EQ(*mix, (ModeShares{0.5, 0.25, 0.25}));
+  mix = ParseModeShare("spec_pc=1");
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  EXPECT_EQ(*mix, (ModeShares{0, 0, 1}));
+  for (const char* bad : {"", "exact", "exact=0.5", "exact=0.5,spec_pc=0.6", "exact=2,spec_pc=-1",
+                          "speckv=1", "exact=0.5,exact=0.5", "exact=half,spec_pc=0.5"}) {
+    absl::StatusOr<ModeShares> refused = ParseModeShare(bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(refused.status().message().find("--mode_share"), std::string::npos)
+        << refused.status();
+  }
+}
+
+// The modes of `n` requests from a factory over a synthetic corpus.
+std::vector<PrefillKind> Modes(const ModeShares& shares, int n, uint64_t seed) {
+  TokenCorpus corpus;
+  corpus.ids.resize(64);
+  std::iota(corpus.ids.begin(), corpus.ids.end(), 10);
+  WorkloadOptions options{.prompt_tokens = *LengthDistribution::Parse("p", "fixed:16", 1),
+                          .output_tokens = *LengthDistribution::Parse("o", "fixed:4", 1)};
+  options.mode_share = shares;
+  options.spec_pc_budget = 96;
+  options.seed = seed;
+  absl::StatusOr<RequestFactory> factory = RequestFactory::Create(options, corpus);
+  EXPECT_TRUE(factory.ok()) << factory.status();
+  std::vector<PrefillKind> modes;
+  for (int i = 0; i < n; ++i) {
+    const PlannedRequest p = factory->Next();
+    const v1::PrefillOptions& prefill = p.request.prefill();
+    switch (p.mode) {
+      case PrefillKind::kExact:
+        EXPECT_EQ(prefill.mode(), v1::PrefillOptions::EXACT);
+        break;
+      case PrefillKind::kRidgeFill:
+        EXPECT_EQ(prefill.mode(), v1::PrefillOptions::RIDGEFILL);
+        break;
+      case PrefillKind::kSpecPc:
+        EXPECT_EQ(prefill.mode(), v1::PrefillOptions::SPEC_PC);
+        EXPECT_EQ(prefill.spec_pc().budget(), 96);
+        break;
+    }
+    modes.push_back(p.mode);
+  }
+  return modes;
+}
+
+TEST(ModeShare, EveryBlockHoldsTheSharesExactly) {
+  const std::vector<PrefillKind> modes = Modes({0.5, 0.25, 0.25}, 40, 7);
+  for (size_t block = 0; block < modes.size(); block += 4) {
+    std::map<PrefillKind, int> count;
+    for (size_t i = block; i < block + 4; ++i) ++count[modes[i]];
+    EXPECT_EQ(count[PrefillKind::kExact], 2) << "block at " << block;
+    EXPECT_EQ(count[PrefillKind::kRidgeFill], 1) << "block at " << block;
+    EXPECT_EQ(count[PrefillKind::kSpecPc], 1) << "block at " << block;
+  }
+  EXPECT_EQ(modes, Modes({0.5, 0.25, 0.25}, 40, 7));  // seeded
+  EXPECT_NE(modes, Modes({0.5, 0.25, 0.25}, 40, 8));
+  // Shares no block under 20 holds: blocks of 20 with the shares rounded (9, 5.5 and 5.5: the
+  // left-over request to the largest remainder, the lower mode on a tie).
+  const std::vector<PrefillKind> rounded = Modes({0.45, 0.275, 0.275}, 20, 1);
+  std::map<PrefillKind, int> count;
+  for (PrefillKind kind : rounded) ++count[kind];
+  EXPECT_EQ(count[PrefillKind::kExact], 9);
+  EXPECT_EQ(count[PrefillKind::kRidgeFill], 6);
+  EXPECT_EQ(count[PrefillKind::kSpecPc], 5);
 }
 
 }  // namespace
