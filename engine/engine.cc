@@ -7,12 +7,15 @@
 #include <future>
 #include <limits>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
+#include "engine/draft/attention_scores.h"
+#include "engine/draft/spec_kv.h"
 #include "engine/draft/spec_pc.h"
 #include "engine/kv/paged_kv_cache.h"
 #include "engine/parallel/tensor_parallel_executor.h"
@@ -62,11 +65,25 @@ struct Engine::Impl {
     // the draft's and the target prefill's measured shares of the steps they ran in.
     std::unique_ptr<SpecPcScorer> spec;
     int32_t kept_prompt_tokens = 0;
+    int32_t kept_kv_tokens = 0;
     std::vector<int32_t> kept;
     double draft_seconds = 0;
     double target_prefill_seconds = 0;
     int32_t target_prefill_rows = 0;
     int32_t priority = 0;
+    // SpecKV: the prompt, the draft's lookahead answer, the tokens emitted so far (replayed after
+    // a preemption), the target's captured queries [row - (P - window)][layer][q_dim] of the
+    // prefill over prompt + lookahead, the first token (from the last prompt row) until the
+    // prefill completes, and whether the K/V are compacted (then `kept` has budget entries).
+    SpecKvParams spec_kv;  // budget 0: not SpecKV
+    std::vector<int32_t> prompt_ids;
+    std::vector<int32_t> lookahead;
+    std::vector<int32_t> generated;
+    std::vector<float> kv_queries;
+    int32_t kv_first_token = -1;
+    float kv_first_logprob = 0;
+    bool compacted = false;
+    bool kv_prefilling() const { return spec_kv.budget > 0 && !compacted && !lookahead.empty(); }
   };
 
   struct Incoming {
@@ -132,6 +149,11 @@ struct Engine::Impl {
   void RunDraft(const StepPlan& plan);
   // Scores and selects a drafted request's kept tokens and queues it for the target.
   void FinishDrafting(SchedRequest& drafted, Live& l);
+  // SpecKV: queues a drafted request's prompt + lookahead for the target.
+  void FinishKvDrafting(SchedRequest& drafted, Live& l);
+  // SpecKV: after the target's prefill of prompt + lookahead, selects and compacts the kept
+  // entries of every layer and KV head, and rewrites the request to decode after them.
+  void CompactKv(SchedRequest& r, Live& l);
   void Emit(uint64_t id, Live& live, TokenEvent& event);
   void FinishWith(uint64_t id, FinishReason reason, absl::Status status);
   void Publish();
@@ -192,16 +214,22 @@ bool Engine::Impl::TakeInput() {
     l.max_new_tokens = r.max_new_tokens;
     l.prompt_tokens = sched->num_prompt_tokens;
     l.kept_prompt_tokens = l.prompt_tokens;
+    l.kept_kv_tokens = l.prompt_tokens;
     l.priority = r.priority;
     l.arrival = in.arrival;
     // SpecPC (Submit cleared budgets the prompt fits in): drafting first, the prompt plus the
     // lookahead in the draft's cache.
-    const bool drafting = r.spec_pc.budget > 0;
-    if (drafting) {
+    const bool drafting = r.spec_pc.budget > 0 || r.spec_kv.budget > 0;
+    if (r.spec_pc.budget > 0) {
       const SpecPcParams params = DefaultSpecPcParams(model.config, options.draft->num_layers,
                                                       r.spec_pc.budget, r.spec_pc.lookahead_tokens);
       l.spec = std::make_unique<SpecPcScorer>(options.draft->config(), params, l.prompt_tokens);
       sched->max_total_tokens = l.prompt_tokens + params.lookahead_tokens;
+    } else if (r.spec_kv.budget > 0) {
+      l.spec_kv.budget = r.spec_kv.budget;
+      l.spec_kv.lookahead_tokens = std::min(r.spec_kv.lookahead_tokens, r.max_new_tokens);
+      l.prompt_ids = r.prompt;
+      sched->max_total_tokens = l.prompt_tokens + l.spec_kv.lookahead_tokens;
     }
     if (!in.filled_rows.empty()) {
       l.split_layer = r.ridgefill.split_layer;
@@ -246,6 +274,7 @@ void Engine::Impl::Emit(uint64_t id, Live& l, TokenEvent& event) {
     }
     event.timing.estimated_ttft_saved_seconds = l.estimated_saved_seconds;
     event.kept_prompt_tokens = l.kept_prompt_tokens;
+    event.kept_kv_tokens = l.kept_kv_tokens;
     event.timing.draft_seconds = l.draft_seconds;
   }
   if (event.finished) {
@@ -279,6 +308,17 @@ void Engine::Impl::Step() {
     cv.wait_for(lock, std::chrono::milliseconds(1));
     return;
   }
+  // A preempted SpecKV request whose K/V were compacted starts over from prompt + lookahead
+  // (and replays what it emitted).
+  for (SchedRequest* r : plan.preempted) {
+    Live& l = live.at(r->id);
+    if (!l.compacted) continue;
+    std::vector<int32_t> tokens = l.prompt_ids;
+    tokens.insert(tokens.end(), l.lookahead.begin(), l.lookahead.end());
+    scheduler->Rewrite(r->id, std::move(tokens), 0);
+    l.compacted = false;
+    l.kept.clear();
+  }
   if (!plan.chunks.empty()) RunTarget(plan);
   if (!draft_plan.chunks.empty()) RunDraft(draft_plan);
   ++steps;
@@ -288,6 +328,8 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   const Clock::time_point start = Clock::now();
   const int32_t block_size = cache->shape().block_size;
   ForwardBatch batch;
+  ForwardCapture capture;
+  std::vector<std::pair<Live*, int32_t>> captured;  // SpecKV: each captured row's request, position
   // RidgeFill: filled rows per chunk (their split is the request's).
   std::vector<int32_t> filled_in_chunk(plan.chunks.size(), 0);
   std::vector<int32_t> chunk_row(plan.chunks.size(), 0);  // the chunk's first batch row
@@ -297,8 +339,22 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     Live& l = live.at(r.id);
     if (!l.first_scheduled) l.first_scheduled = start;
     chunk_row[i] = batch.num_rows();
+    const bool kv_prefill = l.kv_prefilling();
     batch.AddSequence(r.blocks, block_size, std::span(r.tokens).subspan(chunk.start, chunk.count),
-                      chunk.start, chunk.sample);
+                      chunk.start, chunk.sample && !kv_prefill);
+    if (kv_prefill) {
+      // SpecKV: the first token's logits from the last prompt row; the window's and the
+      // lookahead's queries at every layer.
+      const int32_t last = l.prompt_tokens - 1;
+      if (chunk.start <= last && last < chunk.start + chunk.count) {
+        batch.logit_rows.push_back(chunk_row[i] + last - chunk.start);
+      }
+      for (int32_t p = std::max(chunk.start, l.prompt_tokens - l.spec_kv.window);
+           p < chunk.start + chunk.count; ++p) {
+        capture.query_rows.push_back(chunk_row[i] + p - chunk.start);
+        captured.emplace_back(&l, p);
+      }
+    }
     const int32_t fill_end =
         std::min(chunk.start + chunk.count, static_cast<int32_t>(r.filled_rows.size()));
     const int32_t filled =
@@ -333,9 +389,25 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   }
   ForwardProfile profile;
   ForwardProfile* wanted = batch.fill_split.empty() ? nullptr : &profile;
+  const int32_t num_layers = model.config.num_layers;
+  if (!captured.empty()) {
+    for (int32_t layer = 0; layer < num_layers; ++layer) capture.query_layers.push_back(layer);
+  }
   absl::Status status = executor != nullptr
                             ? executor->Forward(batch, logits, wanted)
-                            : model.llama->Forward(batch, *cache, logits, nullptr, wanted);
+                            : model.llama->Forward(batch, *cache, logits,
+                                                   captured.empty() ? nullptr : &capture, wanted);
+  const size_t q_dim = static_cast<size_t>(model.config.num_heads) * model.config.head_dim;
+  for (size_t j = 0; status.ok() && j < captured.size(); ++j) {
+    Live& l = *captured[j].first;
+    const size_t rows = l.spec_kv.window + l.lookahead.size();
+    l.kv_queries.resize(rows * num_layers * q_dim);
+    const size_t row = captured[j].second - (l.prompt_tokens - l.spec_kv.window);
+    for (int32_t layer = 0; layer < num_layers; ++layer) {
+      std::copy_n(capture.queries[layer].begin() + j * q_dim, q_dim,
+                  l.kv_queries.begin() + (row * num_layers + layer) * q_dim);
+    }
+  }
   // SpecPC: the target prefill's share of this step, per kept row, prices the dropped rows.
   const double row_seconds = Seconds(start, Clock::now()) / batch.num_rows();
   for (const ScheduledChunk& chunk : plan.chunks) {
@@ -367,12 +439,37 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   std::vector<float> logprobs(plan.chunks.size(), 0.0f);
   const int32_t vocab = model.config.vocab_size;
   size_t logit_row = 0;
+  std::vector<int32_t> kv_context;  // SpecKV: prompt + emitted tokens (its tokens are not)
   for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
     const ScheduledChunk& chunk = plan.chunks[i];
-    if (!chunk.sample) continue;
     Live& l = live.at(chunk.request->id);
-    const SampleResult result = l.sampler.Sample(
-        std::span<float>(logits).subspan(logit_row * vocab, vocab), chunk.request->tokens);
+    const std::span<float> row_logits = std::span<float>(logits).subspan(logit_row * vocab, vocab);
+    if (l.kv_prefilling()) {
+      // The first token, sampled once (a recompute after preemption reuses it), emitted when
+      // the prefill of prompt + lookahead completes; a replay emits nothing new here.
+      const int32_t last = l.prompt_tokens - 1;
+      if (chunk.start <= last && last < chunk.start + chunk.count) {
+        ++logit_row;
+        if (l.kv_first_token < 0) {
+          const SampleResult result = l.sampler.Sample(row_logits, l.prompt_ids);
+          l.kv_first_token = result.token;
+          l.kv_first_logprob = result.logprob;
+        }
+      }
+      if (chunk.sample && l.generated.empty()) {
+        sampled[i] = l.kv_first_token;
+        logprobs[i] = l.kv_first_logprob;
+      }
+      continue;
+    }
+    if (!chunk.sample) continue;
+    const std::vector<int32_t>* context = &chunk.request->tokens;
+    if (l.spec_kv.budget > 0) {
+      kv_context = l.prompt_ids;
+      kv_context.insert(kv_context.end(), l.generated.begin(), l.generated.end());
+      context = &kv_context;
+    }
+    const SampleResult result = l.sampler.Sample(row_logits, *context);
     ++logit_row;
     sampled[i] = result.token;
     logprobs[i] = result.logprob;
@@ -387,6 +484,10 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     return;
   }
   scheduler->Update(plan, sampled);
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    Live& l = live.at(chunk.request->id);
+    if (chunk.sample && l.kv_prefilling()) CompactKv(*chunk.request, l);
+  }
   const Clock::time_point now = Clock::now();
   const std::vector<int32_t>& eog = model.tokenizer->end_of_generation_ids();
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
@@ -410,6 +511,7 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
       event.finish_reason = FinishReason::kStop;
     } else {
       ++l.completion_tokens;
+      if (l.spec_kv.budget > 0) l.generated.push_back(token);
       event.tokens.push_back(token);
       if (l.sampler.params().logprobs) event.logprobs.push_back(logprobs[i]);
       if (l.completion_tokens >= l.max_new_tokens ||
@@ -443,7 +545,7 @@ void Engine::Impl::RunDraft(const StepPlan& plan) {
     batch.AddSequence(r.blocks, block_size, std::span(r.tokens).subspan(chunk.start, chunk.count),
                       chunk.start, chunk.sample);
     for (int32_t p = chunk.start; p < chunk.start + chunk.count; ++p) {
-      if (!l.spec->Wants(p)) continue;
+      if (l.spec == nullptr || !l.spec->Wants(p)) continue;
       capture.query_rows.push_back(row0 + p - chunk.start);
       captured.emplace_back(&l, p);
     }
@@ -479,9 +581,17 @@ void Engine::Impl::RunDraft(const StepPlan& plan) {
     SchedRequest& r = *plan.chunks[i].request;
     Live& l = live.at(r.id);
     l.draft_seconds += seconds * plan.chunks[i].count / batch.num_rows();
-    if (static_cast<int32_t>(r.tokens.size()) < r.max_total_tokens) continue;
+    // SpecKV's answer also ends at an end-of-generation token (included).
+    const std::vector<int32_t>& eog = model.tokenizer->end_of_generation_ids();
+    const bool stopped = l.spec_kv.budget > 0 && sampled[i] >= 0 &&
+                         std::find(eog.begin(), eog.end(), sampled[i]) != eog.end();
+    if (static_cast<int32_t>(r.tokens.size()) < r.max_total_tokens && !stopped) continue;
     const uint64_t id = r.id;
-    FinishDrafting(r, l);
+    if (l.spec_kv.budget > 0) {
+      FinishKvDrafting(r, l);
+    } else {
+      FinishDrafting(r, l);
+    }
     draft_scheduler->Finish(id);
   }
 }
@@ -507,6 +617,64 @@ void Engine::Impl::FinishDrafting(SchedRequest& drafted, Live& l) {
   if (absl::Status s = scheduler->Add(std::move(sched)); !s.ok()) {
     FinishWith(drafted.id, FinishReason::kNone, s);
   }
+}
+
+void Engine::Impl::FinishKvDrafting(SchedRequest& drafted, Live& l) {
+  l.lookahead.assign(drafted.tokens.begin() + l.prompt_tokens, drafted.tokens.end());
+  auto sched = std::make_unique<SchedRequest>();
+  sched->id = drafted.id;
+  sched->priority = l.priority;
+  sched->tokens = l.prompt_ids;
+  sched->tokens.insert(sched->tokens.end(), l.lookahead.begin(), l.lookahead.end());
+  sched->num_prompt_tokens = static_cast<int32_t>(sched->tokens.size());
+  // Prompt + lookahead + the first token, then at most budget + max_new_tokens.
+  sched->max_total_tokens =
+      std::max(sched->num_prompt_tokens + 1, l.spec_kv.budget + l.max_new_tokens);
+  sched->share_kv = false;
+  if (absl::Status s = scheduler->Add(std::move(sched)); !s.ok()) {
+    FinishWith(drafted.id, FinishReason::kNone, s);
+  }
+}
+
+void Engine::Impl::CompactKv(SchedRequest& r, Live& l) {
+  const Clock::time_point start = Clock::now();
+  const ModelConfig& c = model.config;
+  const int32_t P = l.prompt_tokens, W = l.spec_kv.window;
+  const int32_t T = P + static_cast<int32_t>(l.lookahead.size());
+  const int32_t rows = T - (P - W);
+  const size_t q_dim = static_cast<size_t>(c.num_heads) * c.head_dim;
+  std::vector<int32_t> positions(rows);
+  std::iota(positions.begin(), positions.end(), P - W);
+  std::vector<float> queries(rows * q_dim), keys, values;
+  std::vector<int32_t> tokens;
+  Backend& backend = model.llama->backend();
+  for (int32_t layer = 0; layer < c.num_layers; ++layer) {
+    for (int32_t row = 0; row < rows; ++row) {
+      std::copy_n(l.kv_queries.begin() + (static_cast<size_t>(row) * c.num_layers + layer) * q_dim,
+                  q_dim, queries.begin() + row * q_dim);
+    }
+    ReadSequenceKv(*cache, backend, r.blocks, layer, T, keys, values);
+    const std::vector<std::vector<int32_t>> kept =
+        SelectSpecKvLayer(c, queries, positions, keys, P, l.spec_kv);
+    CompactKvLayer(*cache, backend, r.blocks, layer, kept);
+    // The scheduler's tokens for the kept places (they never run again): layer 0's first head.
+    if (layer == 0) {
+      for (int32_t p : kept.front()) tokens.push_back(l.prompt_ids[p]);
+    }
+  }
+  // Decoding continues after the kept entries: the first token (appended by Update), or after a
+  // preemption everything emitted so far, recomputed at RoPE positions P, P + 1, ...
+  if (l.generated.empty()) {
+    tokens.push_back(r.tokens.back());
+  } else {
+    tokens.insert(tokens.end(), l.generated.begin(), l.generated.end());
+  }
+  scheduler->Rewrite(r.id, std::move(tokens), l.spec_kv.budget);
+  l.compacted = true;
+  l.kept.assign(l.spec_kv.budget, 0);
+  l.kept_kv_tokens = l.spec_kv.budget;
+  l.kv_queries = {};
+  l.draft_seconds += Seconds(start, Clock::now());
 }
 
 void Engine::Impl::Publish() {
@@ -647,7 +815,9 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
                                               " tokens) exceeds the KV cache of ", capacity,
                                               " tokens"));
   }
-  if (request.spec_pc.budget != 0) RS_RETURN_IF_ERROR(CheckSpecPc(request));
+  if (request.spec_pc.budget != 0 || request.spec_kv.budget != 0) {
+    RS_RETURN_IF_ERROR(CheckDraftRequest(request));
+  }
   std::vector<uint8_t> filled_rows;
   if (request.ridgefill.split_layer >= 0) {
     if (request.ridgefill.maps == nullptr && impl_->model.llama->ridgefill_maps() != nullptr) {
@@ -693,40 +863,45 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
   return id;
 }
 
-absl::Status Engine::CheckSpecPc(EngineRequest& request) const {
-  SpecPcRequest& spec = request.spec_pc;
-  if (request.ridgefill.split_layer >= 0) {
-    return absl::InvalidArgumentError("SpecPC and RidgeFill cannot be combined in one request");
+absl::Status Engine::CheckDraftRequest(EngineRequest& request) const {
+  const bool pc = request.spec_pc.budget != 0;
+  if ((pc && request.spec_kv.budget != 0) || request.ridgefill.split_layer >= 0) {
+    return absl::InvalidArgumentError(
+        "only one of RidgeFill, SpecPC and SpecKV can be asked for in one request");
   }
-  if (spec.budget < kSpecPcMinBudget) {
-    return absl::InvalidArgumentError(absl::StrCat("spec_pc.budget must be >= ", kSpecPcMinBudget,
-                                                   " (the prompt's last tokens SpecPC always "
-                                                   "keeps), got ",
-                                                   spec.budget));
+  const std::string field = pc ? "spec_pc" : "spec_kv";
+  int32_t& budget = pc ? request.spec_pc.budget : request.spec_kv.budget;
+  const int32_t min_budget = pc ? kSpecPcMinBudget : kSpecKvMinBudget;
+  if (budget < min_budget) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".budget must be >= ", min_budget, " (the prompt's last ",
+                     pc ? kSpecPcWindow : kSpecKvWindow, " tokens are always kept), got ", budget));
   }
-  if (spec.lookahead_tokens < 1 || spec.lookahead_tokens > kSpecPcMaxLookahead) {
-    return absl::InvalidArgumentError(absl::StrCat("spec_pc.lookahead_tokens must be in [1, ",
-                                                   kSpecPcMaxLookahead, "], got ",
-                                                   spec.lookahead_tokens));
+  const int32_t asked = pc ? request.spec_pc.lookahead_tokens : request.spec_kv.lookahead_tokens;
+  if (asked < 1 || asked > kSpecPcMaxLookahead) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".lookahead_tokens must be in [1, ",
+                                                   kSpecPcMaxLookahead, "], got ", asked));
   }
   const Impl& impl = *impl_;
   if (impl.options.draft == nullptr) {
-    return absl::FailedPreconditionError("SpecPC needs a draft model (--draft_model)");
+    return absl::FailedPreconditionError(
+        absl::StrCat(pc ? "SpecPC" : "SpecKV", " needs a draft model (--draft_model)"));
   }
   const int32_t prompt = static_cast<int32_t>(request.prompt.size());
-  if (spec.budget >= prompt) {
-    spec.budget = 0;  // the whole prompt is kept: exact
+  if (budget >= prompt) {
+    budget = 0;  // the whole prompt is kept: exact
     return absl::OkStatus();
   }
-  const int64_t draft_tokens = int64_t{prompt} + spec.lookahead_tokens;
+  const int32_t lookahead = pc ? asked : std::min(asked, request.max_new_tokens);
+  const int64_t draft_tokens = int64_t{prompt} + lookahead;
   const int32_t draft_context = impl.options.draft->config().context_length;
   const KvCacheShape& shape = impl.draft_cache->shape();
   const int64_t draft_capacity = int64_t{shape.num_blocks} * shape.block_size;
   if (draft_tokens > std::min<int64_t>(draft_context, draft_capacity)) {
-    return absl::OutOfRangeError(
-        absl::StrCat("prompt (", prompt, " tokens) + spec_pc.lookahead_tokens (",
-                     spec.lookahead_tokens, ") exceeds the draft's context (", draft_context,
-                     ") or its KV cache (", draft_capacity, " tokens)"));
+    return absl::OutOfRangeError(absl::StrCat("prompt (", prompt, " tokens) + ", field,
+                                              ".lookahead_tokens (", lookahead,
+                                              ") exceeds the draft's context (", draft_context,
+                                              ") or its KV cache (", draft_capacity, " tokens)"));
   }
   return absl::OkStatus();
 }

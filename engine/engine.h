@@ -47,8 +47,8 @@ struct RequestTiming {
   double ttft_seconds = 0;     // arrival → first token sampled
   double prefill_seconds = 0;  // first scheduled → first token sampled
   double e2e_seconds = 0;      // arrival → finished
-  // SpecPC: the draft's share of the steps it ran in (prefill and lookahead), arrival of the
-  // first draft step → the kept tokens chosen. 0 for other requests.
+  // SpecPC / SpecKV: the draft's share of the steps it ran in (prefill and lookahead) and the
+  // selection's time. 0 for other requests.
   double draft_seconds = 0;
   // RidgeFill: the work its filled rows skipped, priced at the per-row cost of the exact
   // layers measured in the same forward passes, minus the measured cost of filling them.
@@ -77,6 +77,9 @@ struct TokenEvent {
   // SpecPC (from the first token on): prompt tokens the target prefilled; prompt_tokens for
   // other requests.
   int32_t kept_prompt_tokens = 0;
+  // SpecKV (from the first token on): prompt KV entries kept per layer and KV head after the
+  // prefill (the budget); prompt_tokens for other requests.
+  int32_t kept_kv_tokens = 0;
   RequestTiming timing;  // ttft set from the first token on; the rest when finished
 };
 
@@ -105,6 +108,15 @@ struct SpecPcRequest {
   int32_t lookahead_tokens = 1;
 };
 
+// SpecKV (DESIGN.md, "SpecPC and SpecKV"; engine/draft/spec_kv.h): the draft decodes a
+// lookahead answer of min(max_new_tokens, lookahead_tokens) tokens; the target prefills prompt +
+// lookahead, keeps `budget` prompt entries per layer and KV head by its attention, drops the
+// rest and the lookahead's, and decodes over the kept ones. budget 0: off; >= the prompt: exact.
+struct SpecKvRequest {
+  int32_t budget = 0;
+  int32_t lookahead_tokens = 64;
+};
+
 struct EngineRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
@@ -112,6 +124,7 @@ struct EngineRequest {
   int32_t priority = 0;  // lower runs first
   RidgeFillRequest ridgefill;
   SpecPcRequest spec_pc;  // not with ridgefill
+  SpecKvRequest spec_kv;  // not with ridgefill or spec_pc
   EventCallback on_event;
 };
 
@@ -137,10 +150,11 @@ class Engine {
   // OutOfRange when prompt + max_new_tokens exceeds the context or the KV cache, and
   // InvalidArgument for an empty prompt, a token outside the vocabulary or a bad RidgeFill
   // parameter (negative tail, span outside the prompt) or a bad SpecPC budget (below
-  // kSpecPcMinBudget) or lookahead (outside [1, kSpecPcMaxLookahead]) or SpecPC combined with
-  // RidgeFill, FailedPrecondition for a RidgeFill split layer the model has no maps for and for
-  // SpecPC without a draft (EngineOptions::draft), OutOfRange when prompt + lookahead exceeds
-  // the draft's context or KV cache.
+  // kSpecPcMinBudget) or lookahead (outside [1, kSpecPcMaxLookahead]), a bad SpecKV budget
+  // (below kSpecKvMinBudget) or lookahead, or two prefill modes combined, FailedPrecondition for
+  // a RidgeFill split layer the model has no maps for and for SpecPC / SpecKV without a draft
+  // (EngineOptions::draft), OutOfRange when prompt + lookahead exceeds the draft's context or
+  // KV cache.
   absl::StatusOr<uint64_t> Submit(EngineRequest request);
   // Ends a request within one step; its final event has finish_reason kAborted. Unknown or
   // finished ids are ignored.
@@ -155,8 +169,9 @@ class Engine {
  private:
   struct Impl;
   explicit Engine(std::unique_ptr<Impl> impl);
-  // Submit's SpecPC checks; clears the budget when the whole prompt fits in it (exact).
-  absl::Status CheckSpecPc(EngineRequest& request) const;
+  // Submit's SpecPC / SpecKV checks; clears the budget when the whole prompt fits in it
+  // (exact).
+  absl::Status CheckDraftRequest(EngineRequest& request) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -11,8 +11,14 @@ void AttentionProbabilities(const float* q, const float* keys, size_t key_stride
   float max_logit = -INFINITY;
   for (int32_t j = 0; j < count; ++j) {
     const float* k = keys + j * key_stride;
-    float dot = 0;
-    for (int32_t e = 0; e < dim; ++e) dot += q[e] * k[e];
+    // Eight running sums (vectorized), then the tail.
+    float acc[8] = {};
+    int32_t e = 0;
+    for (; e + 8 <= dim; e += 8) {
+      for (int32_t u = 0; u < 8; ++u) acc[u] += q[e + u] * k[e + u];
+    }
+    float dot = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; e < dim; ++e) dot += q[e] * k[e];
     probs[j] = dot * scale;
     max_logit = std::max(max_logit, probs[j]);
   }

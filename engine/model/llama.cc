@@ -177,9 +177,9 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   int32_t num_exact = n;
   std::vector<int32_t> order;  // input row of each reordered row
   if (any_fill) {
-    if (capture != nullptr || num_layers != config_.num_layers) {
+    if ((capture != nullptr && !capture->depths.empty()) || num_layers != config_.num_layers) {
       return absl::InvalidArgumentError(
-          "forward: capture or num_layers with RidgeFill rows is not supported");
+          "forward: residual capture or num_layers with RidgeFill rows is not supported");
     }
     if (!input.fill_maps.empty() && static_cast<int32_t>(input.fill_maps.size()) != n) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -238,6 +238,20 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     }
   }
   const ForwardBatch& batch = any_fill ? reordered : input;
+  // Captured query rows in the batch as run (exact rows keep their reordered places).
+  std::vector<int32_t> query_rows;
+  if (capture != nullptr) {
+    for (int32_t r : capture->query_rows) {
+      if (any_fill && input.fill_split[r] >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: capture query row ", r, " is not an exact row"));
+      }
+      query_rows.push_back(any_fill ? static_cast<int32_t>(std::find(order.begin(), order.end(),
+                                                                       r) -
+                                                             order.begin())
+                                    : r);
+    }
+  }
 
   RS_RETURN_IF_ERROR(UploadStepMeta(batch));
 
@@ -264,10 +278,10 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     for (size_t i = 0; i < capture->query_layers.size(); ++i) {
       if (capture->query_layers[i] != l) continue;
       std::vector<float>& out = capture->queries[i];
-      out.resize(capture->query_rows.size() * q_dim);
-      for (size_t j = 0; j < capture->query_rows.size(); ++j) {
+      out.resize(query_rows.size() * q_dim);
+      for (size_t j = 0; j < query_rows.size(); ++j) {
         backend_.CopyToHost(out.data() + j * q_dim,
-                            q + static_cast<size_t>(capture->query_rows[j]) * qkv_dim,
+                            q + static_cast<size_t>(query_rows[j]) * qkv_dim,
                             sizeof(float) * q_dim);
       }
     }

@@ -78,7 +78,7 @@ struct Scheduler::Impl {
   // the last one (which must be computed so that its logits exist).
   std::vector<int32_t> FindCachedPrefix(Entry& e) {
     std::vector<int32_t> hits;
-    if (!config.enable_prefix_caching) return hits;
+    if (!config.enable_prefix_caching || !e.req->share_kv) return hits;
     const int32_t max_blocks = (static_cast<int32_t>(e.req->tokens.size()) - 1) / config.block_size;
     EnsureHashes(e, max_blocks);
     for (int32_t k = 0; k < max_blocks; ++k) {
@@ -91,7 +91,7 @@ struct Scheduler::Impl {
 
   // Publishes the request's blocks that are now full of computed tokens.
   void PublishComputedBlocks(Entry& e) {
-    if (!config.enable_prefix_caching) return;
+    if (!config.enable_prefix_caching || !e.req->share_kv) return;
     const int32_t full = e.req->num_computed_tokens / config.block_size;
     EnsureHashes(e, full);
     for (int32_t k = e.num_published; k < full; ++k) {
@@ -342,6 +342,24 @@ void Scheduler::Update(const StepPlan& plan, const std::vector<int32_t>& sampled
 }
 
 void Scheduler::Finish(uint64_t id) { impl_->Remove(id); }
+
+void Scheduler::Rewrite(uint64_t id, std::vector<int32_t> tokens, int32_t num_computed_tokens) {
+  auto it = impl_->entries.find(id);
+  if (it == impl_->entries.end()) return;
+  SchedRequest& r = *it->second->req;
+  assert(!r.share_kv && static_cast<int32_t>(tokens.size()) <= r.max_total_tokens);
+  assert(num_computed_tokens <= static_cast<int32_t>(tokens.size()));
+  assert(r.state == RequestState::kRunning || num_computed_tokens == 0);
+  const int32_t keep = impl_->BlocksFor(num_computed_tokens);
+  while (static_cast<int32_t>(r.blocks.size()) > keep) {
+    impl_->pool.Release(r.blocks.back());
+    r.blocks.pop_back();
+  }
+  r.tokens = std::move(tokens);
+  r.num_computed_tokens = num_computed_tokens;
+  r.num_prompt_tokens = std::min(r.num_prompt_tokens, static_cast<int32_t>(r.tokens.size()));
+  it->second->block_hashes.clear();
+}
 
 SchedulerStats Scheduler::stats() const {
   const Impl& s = *impl_;

@@ -69,6 +69,9 @@ struct SchedRequest {
   // filled rows). Hashed into each block's prefix-cache key, so blocks are shared only between
   // requests that filled the same rows. Empty: every row exact.
   std::vector<uint8_t> filled_rows;
+  // False: the request's blocks are never taken from nor published to the prefix cache (SpecKV
+  // rewrites its K/V in place, Rewrite()).
+  bool share_kv = true;
   // Tokens whose K/V are in the cache (computed or taken from the prefix cache).
   int32_t num_computed_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;  // of the prompt, taken from the prefix cache
@@ -132,6 +135,12 @@ class Scheduler {
   // full blocks stay in the prefix cache. Unknown ids are ignored. The engine must finish a
   // request at the latest when tokens.size() reaches max_total_tokens.
   void Finish(uint64_t id);
+  // Replaces a live request's tokens (SpecKV: after compacting its K/V to the first
+  // num_computed_tokens places, or after a preemption to start over). A running request keeps
+  // the blocks of its first num_computed_tokens places and frees the rest; a waiting one must
+  // have num_computed_tokens 0. The request must not share KV (share_kv false) and its tokens
+  // must fit max_total_tokens. Unknown ids are ignored.
+  void Rewrite(uint64_t id, std::vector<int32_t> tokens, int32_t num_computed_tokens);
 
   SchedulerStats stats() const;
   bool HasWork() const;

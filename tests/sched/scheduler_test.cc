@@ -477,6 +477,33 @@ TEST(SchedulerTest, PrefixCacheHitSharesFullBlocks) {
   EXPECT_EQ(h.sched().stats().num_prefix_hit_tokens, 48 + 64 + 48);
 }
 
+// SpecKV's path: a request that does not share KV neither publishes nor takes cached blocks;
+// Rewrite keeps the blocks of its first places, frees the rest, and decoding continues from the
+// rewritten tokens (the fake model reads its context back from the kept places).
+TEST(SchedulerTest, RewriteKeepsTheFirstPlacesOfAPrivateRequest) {
+  Harness h(Config(256), 64);
+  const auto prompt = Tokens(70, 9);
+  ASSERT_TRUE(h.Add(1, prompt, 30).ok());
+  h.request(1)->share_kv = false;
+  h.Step();  // the prompt and the first token
+  SchedRequest* r = h.request(1);
+  ASSERT_EQ(r->blocks.size(), 5u);
+  EXPECT_EQ(h.sched().stats().num_cached_free_blocks, 0);
+  // Keep places 0..31 (two blocks); continue from a new token after them.
+  std::vector<int32_t> tokens(prompt.begin(), prompt.begin() + 32);
+  tokens.push_back(r->tokens.back());
+  h.sched().Rewrite(1, tokens, 32);
+  EXPECT_EQ(r->blocks.size(), 2u);
+  EXPECT_EQ(r->num_computed_tokens, 32);
+  EXPECT_EQ(h.sched().stats().num_free_blocks, 62);
+  // The same prompt again finds nothing cached.
+  ASSERT_TRUE(h.Add(2, prompt, 4).ok());
+  h.Step();
+  EXPECT_EQ(h.request(2)->num_cached_prompt_tokens, 0);
+  h.RunToCompletion();
+  EXPECT_EQ(h.done().at(1), Reference(tokens, 70 + 30, false));  // max_total_tokens unchanged
+}
+
 TEST(SchedulerTest, DifferentSaltNeverShares) {
   Harness h(Config(256), 64);
   const auto prefix = Tokens(64, 7);
