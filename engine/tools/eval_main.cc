@@ -20,7 +20,12 @@
 //                 key norms replaced by exact ones: which part of the fill carries the gap
 //   pareto        --model M --maps F --text FILE --haystack FILE --lengths 8192
 //                 --tails 512,1024,2048 [--trials N] [--depths ...] [--repetitions R]
-//                 ttft, needle and distant-loss per (split, tail), Pareto-optimal points marked
+//                 [--draft_model self:8,self:12 --spec_pc_budgets 1024,2048
+//                 [--spec_pc_lookahead_tokens L] [--spec_kernel N]] [--plot FILE.png]
+//                 ttft, needle, distant-loss and KV bytes per RidgeFill (split, tail) and, with
+//                 drafts, per SpecPC (draft, budget) on the same prompts; Pareto-optimal points
+//                 marked over all methods (eval_pareto.h); --plot draws speedup against needle
+//                 accuracy and distant-token NLL with gnuplot
 //   spec-pc       --model M --draft_model self:K|PATH (--token_ids 1,2,3 | --text FILE)
 //                 --budget C [--lookahead_tokens L] [--spec_kernel N] [--chunk N]
 //                 SpecPC's draft phase for one prompt: the draft's lookahead, its attention
@@ -54,7 +59,10 @@
 #include "engine/parallel/rank_group.h"
 #include "engine/ridgefill_load.h"
 #include "engine/sampling/sampler.h"
+#include "engine/tools/eval_pareto.h"
+#include "engine/tools/eval_plot.h"
 #include "engine/tools/eval_ridgefill.h"
+#include "engine/tools/eval_spec_pc.h"
 #include "engine/tools/sequence_runner.h"
 #include "engine/tools/tool_util.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -110,6 +118,11 @@ ABSL_FLAG(int32_t, budget, 1024, "spec-pc: prompt tokens kept");
 ABSL_FLAG(int32_t, lookahead_tokens, 1, "spec-pc: tokens the draft decodes after the prompt");
 ABSL_FLAG(int32_t, spec_kernel, 0, "spec-pc: pooling / neighbour width (0 = the model's default)");
 ABSL_FLAG(std::string, tails, "512,1024,2048", "pareto: exact tail lengths to evaluate");
+ABSL_FLAG(std::string, spec_pc_budgets, "",
+          "pareto: SpecPC budgets (kept prompt tokens) per --draft_model (a comma list there)");
+ABSL_FLAG(int32_t, spec_pc_lookahead_tokens, 1, "pareto: SpecPC's draft lookahead tokens");
+ABSL_FLAG(std::string, plot, "",
+          "pareto: PNG of speedup against needle accuracy and distant-token NLL (gnuplot)");
 
 namespace ridgeserve {
 namespace {
@@ -527,7 +540,38 @@ class Eval {
     RS_ASSIGN_OR_RETURN(o.ttft, TtftFlags(TtftOptions{}));
     RS_ASSIGN_OR_RETURN(o.needle, NeedleFlags(NeedleOptions{}));
     RS_ASSIGN_OR_RETURN(o.distant, DistantLossFlags(DistantLossOptions{}));
-    return RunPareto(*model_, o);
+    RS_ASSIGN_OR_RETURN(o.spec_pc, SpecPcFlags());
+    RS_ASSIGN_OR_RETURN(Json out, RunPareto(*model_, o));
+    if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
+      if (absl::Status s = DrawParetoPlot(out, plot); !s.ok()) {
+        std::fprintf(stderr, "ridgeserve-eval: plot: %s\n", s.ToString().c_str());
+      } else {
+        spdlog::info("plot: {}", plot);
+      }
+    }
+    return out;
+  }
+
+  // pareto's SpecPC settings: the drafts of --draft_model (a comma list, loaded once each) and
+  // --spec_pc_budgets; none without --draft_model.
+  absl::StatusOr<SpecPcEvalOptions> SpecPcFlags() {
+    SpecPcEvalOptions o;
+    const std::string drafts = absl::GetFlag(FLAGS_draft_model);
+    const std::string budgets = absl::GetFlag(FLAGS_spec_pc_budgets);
+    if (drafts.empty() != budgets.empty()) {
+      return absl::InvalidArgumentError("pareto: --draft_model and --spec_pc_budgets go together");
+    }
+    if (drafts.empty()) return o;
+    RS_ASSIGN_OR_RETURN(o.budgets, ParseIntList("spec_pc_budgets", budgets));
+    for (absl::string_view spec : absl::StrSplit(drafts, ',')) {
+      RS_ASSIGN_OR_RETURN(std::unique_ptr<DraftModel> draft,
+                          LoadDraftModel(std::string(spec), *model_, *backend_));
+      o.drafts.push_back(draft.get());
+      drafts_.push_back(std::move(draft));
+    }
+    o.lookahead_tokens = absl::GetFlag(FLAGS_spec_pc_lookahead_tokens);
+    o.kernel = absl::GetFlag(FLAGS_spec_kernel);
+    return o;
   }
 
  private:
@@ -535,6 +579,7 @@ class Eval {
   Backend* backend_ = nullptr;  // rank 0's
   std::unique_ptr<Model> model_;
   LoadedRidgeFillMaps maps_;
+  std::vector<std::unique_ptr<DraftModel>> drafts_;  // pareto's
 };
 
 absl::StatusOr<Json> Run(const std::string& command) {

@@ -1,9 +1,9 @@
 // RidgeFill evaluations for ridgeserve-eval: `ttft` (prefill time, exact vs RidgeFill),
 // `needle` (passkey retrieval from the filled region), `distant-loss` (next-token NLL of exact
-// tail tokens, overall and on the tokens that need the distant context), `splice` (which part
-// of the filled K/V carries the NLL gap) and `pareto` (ttft, needle and distant-loss per split
-// and tail, with the Pareto-optimal points marked). Each compares an exact prefill with a
-// RidgeFill one of the same prompt and returns one JSON object.
+// tail tokens, overall and on the tokens that need the distant context) and `splice` (which
+// part of the filled K/V carries the NLL gap). Each compares an exact prefill with a RidgeFill
+// one of the same prompt (eval_prompts.h) and returns one JSON object; eval_pareto.h puts them
+// beside the other methods.
 //
 // Threading: single-threaded; the model (and the maps set on it) is used exclusively by the
 // caller's thread for the duration of a call.
@@ -16,17 +16,14 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/model.h"
+#include "engine/tools/eval_prompts.h"
 #include "nlohmann/json.hpp"
 
 namespace ridgeserve {
 
-struct TtftOptions {
-  std::vector<int32_t> prompt_tokens;  // tokens of prompt_source, repeated when short
-  std::vector<int32_t> prompt_source;  // empty = fixed pseudo-random tokens
+struct TtftOptions : TtftSetup {
   int32_t exact_tail_tokens = 1024;
   std::vector<int32_t> splits;
-  int32_t repetitions = 2;
-  int32_t chunk = 512;
 };
 
 // Prefill time to the first token's logits, exact and RidgeFill alternated in one process
@@ -36,16 +33,8 @@ struct TtftOptions {
 // "estimated_saved_seconds" (the engine's in-pass estimate of the fastest RidgeFill run)}]}.
 absl::StatusOr<nlohmann::json> RunTtft(Model& model, const TtftOptions& options);
 
-struct NeedleOptions {
-  std::string haystack_text;     // filler text (repeated when short)
-  std::vector<int32_t> lengths;  // prompt lengths in tokens (BOS and question included)
-  std::vector<double> depths;    // needle position as a fraction of the filled region, [0, 1]
-  int32_t trials = 5;            // per (length, depth): different numbers and haystack offsets
-  int32_t exact_tail_tokens = 1024;
+struct NeedleOptions : NeedleSetup {
   std::vector<int32_t> splits;  // split layers to evaluate (maps must be set on the model)
-  int32_t new_tokens = 8;       // greedy tokens decoded after the question
-  int32_t chunk = 512;
-  uint64_t seed = 1;
 };
 
 // Needs model.llama->SetRidgeFillMaps() with maps for every split in `options.splits`.
@@ -56,16 +45,9 @@ struct NeedleOptions {
 // RidgeFill runs with no filled rows and must equal exact.
 absl::StatusOr<nlohmann::json> RunNeedle(Model& model, const NeedleOptions& options);
 
-struct DistantLossOptions {
-  std::string text;
-  int32_t prompt_tokens = 4096;  // per window: filled prefix + exact tail
-  int32_t exact_tail_tokens = 1024;
+// The prefix (prompt_tokens - exact_tail_tokens) is filled, the tail exact.
+struct DistantLossOptions : DistantLossSetup {
   std::vector<int32_t> splits;
-  int32_t windows = 1;  // consecutive non-overlapping windows of the text, averaged over
-  // A tail token is "distant-dependent" when its NLL with the full (exact) context is lower
-  // than with the tail alone as context by more than this many nats.
-  double distant_threshold_nats = 1.0;
-  int32_t chunk = 512;
 };
 
 // Scores the tail's tokens 2..T (predicted from exact tail rows; the first tail token's
@@ -92,37 +74,6 @@ struct SpliceOptions {
 // "distant_gap_closed"}, "per_layer": [...]}], ...}; gap_closed = (ridgefill - variant) /
 // (ridgefill - exact).
 absl::StatusOr<nlohmann::json> RunSplice(Model& model, const SpliceOptions& options);
-
-struct ParetoOptions {
-  std::vector<int32_t> prompt_tokens;
-  std::vector<int32_t> tails;  // exact_tail_tokens values
-  std::vector<int32_t> splits;
-  TtftOptions ttft;            // prompt_source, repetitions, chunk (lengths, tail, splits set)
-  NeedleOptions needle;        // haystack_text, depths, trials, seed, chunk
-  DistantLossOptions distant;  // text, windows, distant_threshold_nats, chunk
-};
-
-// One operating point (split, tail) at one prompt length: larger speedup, smaller needle
-// accuracy drop (exact - RidgeFill) and smaller distant-token NLL increase (relative to exact)
-// are better.
-struct ParetoPoint {
-  double speedup = 0;
-  double needle_drop = 0;
-  double distant_nll_increase = 0;
-  bool pareto_optimal = false;
-};
-
-// Marks the points no other point dominates (at least as good in all three, better in one).
-void MarkPareto(std::vector<ParetoPoint>& points);
-
-// RunTtft, RunNeedle and RunDistantLoss for every (prompt length, tail), all splits at once;
-// one point per (prompt length, split, tail), Pareto marked per prompt length.
-// {"points": [{"prompt_tokens", "split_layer", "exact_tail_tokens", "speedup",
-//   "exact_seconds", "ridgefill_seconds", "measured_saved_seconds", "estimated_saved_seconds",
-//   "needle_exact_accuracy", "needle_ridgefill_accuracy", "distant_exact_nll",
-//   "distant_ridgefill_nll", "distant_nll_increase", "all_exact_nll", "all_ridgefill_nll",
-//   "meets_target", "pareto_optimal"}], "target": {...}}.
-absl::StatusOr<nlohmann::json> RunPareto(Model& model, const ParetoOptions& options);
 
 }  // namespace ridgeserve
 
