@@ -20,12 +20,13 @@
 //                 key norms replaced by exact ones: which part of the fill carries the gap
 //   pareto        --model M --maps F --text FILE --haystack FILE --lengths 8192
 //                 --tails 512,1024,2048 [--trials N] [--depths ...] [--repetitions R]
-//                 [--draft_model self:8,self:12 --spec_pc_budgets 1024,2048
-//                 [--spec_pc_lookahead_tokens L] [--spec_kernel N]] [--plot FILE.png]
+//                 [--draft_model self:8,self:12 [--spec_pc_budgets 1024,2048]
+//                 [--spec_kv_budgets 256,512,1024] [--spec_pc_lookahead_tokens L]
+//                 [--spec_kv_lookahead_tokens L] [--spec_kernel N]] [--plot FILE.png]
 //                 ttft, needle, distant-loss and KV bytes per RidgeFill (split, tail) and, with
-//                 drafts, per SpecPC (draft, budget) on the same prompts; Pareto-optimal points
-//                 marked over all methods (eval_pareto.h); --plot draws speedup against needle
-//                 accuracy and distant-token NLL with gnuplot
+//                 drafts, per SpecPC and SpecKV (draft, budget) on the same prompts; Pareto-optimal
+//                 points marked over all methods (eval_pareto.h); --plot draws speedup against
+//                 needle accuracy and distant-token NLL with gnuplot
 //   spec-pc       --model M --draft_model self:K|PATH (--token_ids 1,2,3 | --text FILE)
 //                 --budget C [--lookahead_tokens L] [--spec_kernel N] [--chunk N]
 //                 SpecPC's draft phase for one prompt: the draft's lookahead, its attention
@@ -62,6 +63,7 @@
 #include "engine/tools/eval_pareto.h"
 #include "engine/tools/eval_plot.h"
 #include "engine/tools/eval_ridgefill.h"
+#include "engine/tools/eval_spec_kv.h"
 #include "engine/tools/eval_spec_pc.h"
 #include "engine/tools/sequence_runner.h"
 #include "engine/tools/tool_util.h"
@@ -121,6 +123,10 @@ ABSL_FLAG(std::string, tails, "512,1024,2048", "pareto: exact tail lengths to ev
 ABSL_FLAG(std::string, spec_pc_budgets, "",
           "pareto: SpecPC budgets (kept prompt tokens) per --draft_model (a comma list there)");
 ABSL_FLAG(int32_t, spec_pc_lookahead_tokens, 1, "pareto: SpecPC's draft lookahead tokens");
+ABSL_FLAG(std::string, spec_kv_budgets, "",
+          "pareto: SpecKV budgets (KV entries kept per layer and head) per --draft_model");
+ABSL_FLAG(int32_t, spec_kv_lookahead_tokens, 64,
+          "pareto: SpecKV's draft answer at most (the needle: at most its answer's length)");
 ABSL_FLAG(std::string, plot, "",
           "pareto: PNG of speedup against needle accuracy and distant-token NLL (gnuplot)");
 
@@ -541,6 +547,12 @@ class Eval {
     RS_ASSIGN_OR_RETURN(o.needle, NeedleFlags(NeedleOptions{}));
     RS_ASSIGN_OR_RETURN(o.distant, DistantLossFlags(DistantLossOptions{}));
     RS_ASSIGN_OR_RETURN(o.spec_pc, SpecPcFlags());
+    RS_ASSIGN_OR_RETURN(o.spec_kv, SpecKvFlags());
+    if (!absl::GetFlag(FLAGS_draft_model).empty() && o.spec_pc.drafts.empty() &&
+        o.spec_kv.drafts.empty()) {
+      return absl::InvalidArgumentError(
+          "pareto: --draft_model needs --spec_pc_budgets or --spec_kv_budgets");
+    }
     RS_ASSIGN_OR_RETURN(Json out, RunPareto(*model_, o));
     if (const std::string plot = absl::GetFlag(FLAGS_plot); !plot.empty()) {
       if (absl::Status s = DrawParetoPlot(out, plot); !s.ok()) {
@@ -556,22 +568,42 @@ class Eval {
   // --spec_pc_budgets; none without --draft_model.
   absl::StatusOr<SpecPcEvalOptions> SpecPcFlags() {
     SpecPcEvalOptions o;
-    const std::string drafts = absl::GetFlag(FLAGS_draft_model);
     const std::string budgets = absl::GetFlag(FLAGS_spec_pc_budgets);
-    if (drafts.empty() != budgets.empty()) {
-      return absl::InvalidArgumentError("pareto: --draft_model and --spec_pc_budgets go together");
-    }
-    if (drafts.empty()) return o;
+    if (budgets.empty()) return o;
     RS_ASSIGN_OR_RETURN(o.budgets, ParseIntList("spec_pc_budgets", budgets));
-    for (absl::string_view spec : absl::StrSplit(drafts, ',')) {
-      RS_ASSIGN_OR_RETURN(std::unique_ptr<DraftModel> draft,
-                          LoadDraftModel(std::string(spec), *model_, *backend_));
-      o.drafts.push_back(draft.get());
-      drafts_.push_back(std::move(draft));
-    }
+    RS_ASSIGN_OR_RETURN(o.drafts, Drafts());
     o.lookahead_tokens = absl::GetFlag(FLAGS_spec_pc_lookahead_tokens);
     o.kernel = absl::GetFlag(FLAGS_spec_kernel);
     return o;
+  }
+
+  // pareto's SpecKV settings: the same drafts and --spec_kv_budgets.
+  absl::StatusOr<SpecKvEvalOptions> SpecKvFlags() {
+    SpecKvEvalOptions o;
+    const std::string budgets = absl::GetFlag(FLAGS_spec_kv_budgets);
+    if (budgets.empty()) return o;
+    RS_ASSIGN_OR_RETURN(o.budgets, ParseIntList("spec_kv_budgets", budgets));
+    RS_ASSIGN_OR_RETURN(o.drafts, Drafts());
+    o.lookahead_tokens = absl::GetFlag(FLAGS_spec_kv_lookahead_tokens);
+    return o;
+  }
+
+  // The drafts of --draft_model (a comma list), loaded once each.
+  absl::StatusOr<std::vector<const DraftModel*>> Drafts() {
+    if (absl::GetFlag(FLAGS_draft_model).empty()) {
+      return absl::InvalidArgumentError(
+          "pareto: --spec_pc_budgets and --spec_kv_budgets need --draft_model");
+    }
+    if (drafts_.empty()) {
+      for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_draft_model), ',')) {
+        RS_ASSIGN_OR_RETURN(std::unique_ptr<DraftModel> draft,
+                            LoadDraftModel(std::string(spec), *model_, *backend_));
+        drafts_.push_back(std::move(draft));
+      }
+    }
+    std::vector<const DraftModel*> out;
+    for (const std::unique_ptr<DraftModel>& d : drafts_) out.push_back(d.get());
+    return out;
   }
 
  private:

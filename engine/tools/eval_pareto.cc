@@ -80,19 +80,40 @@ absl::StatusOr<Json> RunPareto(Model& model, const ParetoOptions& o) {
   if (o.prompt_tokens.empty() || o.tails.empty()) {
     return absl::InvalidArgumentError("pareto: need --lengths and --tails");
   }
-  const bool spec_pc = !o.spec_pc.drafts.empty();
+  const bool spec_pc = !o.spec_pc.drafts.empty(), spec_kv = !o.spec_kv.drafts.empty();
   const size_t bytes_per_token =
       KvBytesPerToken(model.config, model.config.num_layers, model.llama->kv_cache_dtype());
   Json points = Json::array();
   for (int32_t length : o.prompt_tokens) {
     std::vector<ParetoPoint> marks;
     std::vector<Json> rows;
-    Json spec_ttft;
+    Json spec_ttft, kv_ttft;
+    TtftSetup length_ttft = o.ttft;
+    length_ttft.prompt_tokens = {length};
     if (spec_pc) {
-      TtftSetup t = o.ttft;
-      t.prompt_tokens = {length};
-      RS_ASSIGN_OR_RETURN(spec_ttft, RunSpecPcTtft(model, o.spec_pc, t));
+      RS_ASSIGN_OR_RETURN(spec_ttft, RunSpecPcTtft(model, o.spec_pc, length_ttft));
     }
+    if (spec_kv) {
+      RS_ASSIGN_OR_RETURN(kv_ttft, RunSpecKvTtft(model, o.spec_kv, length_ttft));
+    }
+    // One row per (draft, budget) of a draft-based method, from its ttft, needle and
+    // distant-loss results; `keys` are copied from its ttft row.
+    auto add_rows = [&](const std::string& method, const Json& ttft, const Json& needle,
+                        const Json& distant, int32_t tail, int32_t lookahead,
+                        std::initializer_list<const char*> keys) {
+      for (size_t i = 0; i < ttft["results"].size(); ++i) {
+        const Json& time = ttft["results"][i];
+        const Json match = {{"draft_model", time["draft_model"]}, {"budget", time["budget"]}};
+        Json row = match;
+        row.update({{"method", method},
+                    {"prompt_tokens", length},
+                    {"exact_tail_tokens", tail},
+                    {"lookahead_tokens", lookahead}});
+        for (const char* key : keys) row[key] = time[key];
+        marks.push_back(AddQuality(row, method, needle["results"], match, distant["results"][i]));
+        rows.push_back(row);
+      }
+    };
     for (int32_t tail : o.tails) {
       TtftOptions t = o.ttft;
       t.prompt_tokens = {length};
@@ -128,26 +149,19 @@ absl::StatusOr<Json> RunPareto(Model& model, const ParetoOptions& o) {
                                    distant["splits"][s]));
         rows.push_back(row);
       }
-      if (!spec_pc) continue;
-      // The same prompts: the needle and distant-loss setups of this tail.
-      RS_ASSIGN_OR_RETURN(const Json spec_needle, RunSpecPcNeedle(model, o.spec_pc, n));
-      RS_ASSIGN_OR_RETURN(const Json spec_distant, RunSpecPcDistantLoss(model, o.spec_pc, d));
-      for (size_t i = 0; i < spec_ttft["results"].size(); ++i) {
-        const Json& time = spec_ttft["results"][i];
-        const Json match = {{"draft_model", time["draft_model"]}, {"budget", time["budget"]}};
-        Json row = match;
-        row.update({{"method", "spec_pc"},
-                    {"prompt_tokens", length},
-                    {"exact_tail_tokens", tail},
-                    {"lookahead_tokens", o.spec_pc.lookahead_tokens}});
-        for (const char* key : {"speedup", "exact_seconds", "spec_pc_seconds", "draft_seconds",
-                                "target_prefill_seconds", "kept_tokens", "kv_bytes",
-                                "exact_kv_bytes", "draft_kv_bytes"}) {
-          row[key] = time[key];
-        }
-        marks.push_back(
-            AddQuality(row, "spec_pc", spec_needle["results"], match, spec_distant["results"][i]));
-        rows.push_back(row);
+      if (spec_pc) {
+        RS_ASSIGN_OR_RETURN(const Json needle_pc, RunSpecPcNeedle(model, o.spec_pc, n));
+        RS_ASSIGN_OR_RETURN(const Json distant_pc, RunSpecPcDistantLoss(model, o.spec_pc, d));
+        add_rows("spec_pc", spec_ttft, needle_pc, distant_pc, tail, o.spec_pc.lookahead_tokens,
+                 {"speedup", "exact_seconds", "spec_pc_seconds", "draft_seconds",
+                  "target_prefill_seconds", "kept_tokens", "kv_bytes", "exact_kv_bytes",
+                  "draft_kv_bytes"});
+      }
+      if (spec_kv) {
+        RS_ASSIGN_OR_RETURN(const Json needle_kv, RunSpecKvNeedle(model, o.spec_kv, n));
+        RS_ASSIGN_OR_RETURN(const Json distant_kv, RunSpecKvDistantLoss(model, o.spec_kv, d));
+        add_rows("spec_kv", kv_ttft, needle_kv, distant_kv, tail, o.spec_kv.lookahead_tokens,
+                 {"speedup", "exact_seconds", "spec_kv_seconds", "kv_bytes", "exact_kv_bytes"});
       }
     }
     MarkPareto(marks);
