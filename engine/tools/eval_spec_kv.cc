@@ -11,6 +11,7 @@
 #include "engine/draft/spec_kv.h"
 #include "engine/draft/spec_pc.h"
 #include "engine/sampling/sampler.h"
+#include "engine/tools/eval_drafts.h"
 #include "engine/tools/eval_scoring.h"
 #include "engine/tools/eval_spec_pc.h"
 #include "engine/tools/tool_util.h"
@@ -21,33 +22,11 @@ namespace {
 
 using Json = nlohmann::json;
 
-struct Setting {
-  const DraftModel* draft = nullptr;
-  int32_t budget = 0;
-};
+using Setting = DraftSetting;
 
 absl::StatusOr<std::vector<Setting>> Settings(const SpecKvEvalOptions& o) {
-  if (o.drafts.empty() || o.budgets.empty()) {
-    return absl::InvalidArgumentError("SpecKV: need a draft model and budgets");
-  }
-  if (o.lookahead_tokens < 1 || o.lookahead_tokens > kSpecPcMaxLookahead) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("SpecKV: lookahead tokens must be in [1, ", kSpecPcMaxLookahead, "]"));
-  }
-  std::vector<Setting> settings;
-  for (const DraftModel* draft : o.drafts) {
-    for (int32_t budget : o.budgets) {
-      if (budget < kSpecKvMinBudget) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("SpecKV: budget ", budget, " is below ", kSpecKvMinBudget));
-      }
-      settings.push_back({draft, budget});
-    }
-  }
-  return settings;
+  return DraftSettings("SpecKV", o.drafts, o.budgets, kSpecKvMinBudget, o.lookahead_tokens);
 }
-
-Json Describe(const Setting& s) { return {{"draft_model", s.draft->name}, {"budget", s.budget}}; }
 
 // `prompt` through SpecKV with a lookahead of at most `lookahead` tokens; `logits` gets the
 // first token's.
@@ -91,7 +70,7 @@ absl::StatusOr<Json> RunSpecKvTtft(Model& model, const SpecKvEvalOptions& sk, co
       const int32_t kept = std::min(s.budget, length);
       spdlog::info("spec-kv ttft: {} tokens, {}, budget {}: exact {:.3f} s, spec-kv {:.3f} s",
                    length, s.draft->name, s.budget, exact, spec);
-      Json row = Describe(s);
+      Json row = s.Describe();
       row.update({{"prompt_tokens", length},
                   {"exact_seconds", exact},
                   {"spec_kv_seconds", spec},
@@ -112,7 +91,7 @@ absl::StatusOr<Json> RunSpecKvNeedle(Model& model, const SpecKvEvalOptions& sk,
   RS_ASSIGN_OR_RETURN(const std::vector<Setting> settings, Settings(sk));
   std::vector<NeedleVariant> variants;
   for (const Setting& s : settings) {
-    variants.push_back({Describe(s), absl::StrCat("spec_kv_", s.draft->name, "_", s.budget)});
+    variants.push_back({s.Describe(), absl::StrCat("spec_kv_", s.draft->name, "_", s.budget)});
   }
   const int32_t lookahead = std::min(sk.lookahead_tokens, o.new_tokens);
   RS_ASSIGN_OR_RETURN(
@@ -175,7 +154,7 @@ absl::StatusOr<Json> RunSpecKvDistantLoss(Model& model, const SpecKvEvalOptions&
   Json results = Json::array();
   for (size_t s = 0; s < settings.size(); ++s) {
     Json row = tally.Summary(s, "spec_kv_nll");
-    row.update(Describe(settings[s]));
+    row.update(settings[s].Describe());
     results.push_back(row);
   }
   return Json{{"results", results},

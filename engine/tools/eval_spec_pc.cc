@@ -10,6 +10,7 @@
 #include "engine/common/status_macros.h"
 #include "engine/draft/spec_pc.h"
 #include "engine/kv/paged_kv_cache.h"
+#include "engine/tools/eval_drafts.h"
 #include "engine/tools/eval_scoring.h"
 #include "engine/tools/tool_util.h"
 #include "spdlog/spdlog.h"
@@ -19,30 +20,11 @@ namespace {
 
 using Json = nlohmann::json;
 
-struct Setting {
-  const DraftModel* draft = nullptr;
-  int32_t budget = 0;
-};
+using Setting = DraftSetting;
 
 absl::StatusOr<std::vector<Setting>> Settings(const SpecPcEvalOptions& o) {
-  if (o.drafts.empty() || o.budgets.empty()) {
-    return absl::InvalidArgumentError("SpecPC: need a draft model and budgets");
-  }
-  if (o.lookahead_tokens < 1 || o.lookahead_tokens > kSpecPcMaxLookahead || o.kernel < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("SpecPC: lookahead tokens must be in [1, ",
-                                                   kSpecPcMaxLookahead, "] and the kernel >= 0"));
-  }
-  std::vector<Setting> settings;
-  for (const DraftModel* draft : o.drafts) {
-    for (int32_t budget : o.budgets) {
-      if (budget < kSpecPcMinBudget) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("SpecPC: budget ", budget, " is below ", kSpecPcMinBudget));
-      }
-      settings.push_back({draft, budget});
-    }
-  }
-  return settings;
+  if (o.kernel < 0) return absl::InvalidArgumentError("SpecPC: the kernel must be >= 0");
+  return DraftSettings("SpecPC", o.drafts, o.budgets, kSpecPcMinBudget, o.lookahead_tokens);
 }
 
 SpecPcParams Params(const Model& model, const SpecPcEvalOptions& o, const Setting& s) {
@@ -67,8 +49,6 @@ std::vector<int32_t> Gather(std::span<const int32_t> prompt, const std::vector<i
   for (int32_t i : kept) out.push_back(prompt[i]);
   return out;
 }
-
-Json Describe(const Setting& s) { return {{"draft_model", s.draft->name}, {"budget", s.budget}}; }
 
 }  // namespace
 
@@ -111,7 +91,7 @@ absl::StatusOr<Json> RunSpecPcTtft(Model& model, const SpecPcEvalOptions& sp, co
           "spec-pc ttft: {} tokens, {}, budget {}: exact {:.3f} s, draft {:.3f} s + "
           "target {:.3f} s ({} tokens)",
           length, s.draft->name, s.budget, exact, draft, target, kept);
-      Json row = Describe(s);
+      Json row = s.Describe();
       row.update({{"prompt_tokens", length},
                   {"kept_tokens", kept},
                   {"exact_seconds", exact},
@@ -138,7 +118,7 @@ absl::StatusOr<Json> RunSpecPcNeedle(Model& model, const SpecPcEvalOptions& sp,
   RS_ASSIGN_OR_RETURN(const std::vector<Setting> settings, Settings(sp));
   std::vector<NeedleVariant> variants;
   for (const Setting& s : settings) {
-    variants.push_back({Describe(s), absl::StrCat("spec_pc_", s.draft->name, "_", s.budget)});
+    variants.push_back({s.Describe(), absl::StrCat("spec_pc_", s.draft->name, "_", s.budget)});
   }
   RS_ASSIGN_OR_RETURN(
       const Json results,
@@ -182,7 +162,7 @@ absl::StatusOr<Json> RunSpecPcDistantLoss(Model& model, const SpecPcEvalOptions&
   Json results = Json::array();
   for (size_t s = 0; s < settings.size(); ++s) {
     Json row = tally.Summary(s, "spec_pc_nll");
-    row.update(Describe(settings[s]));
+    row.update(settings[s].Describe());
     row["kept_tokens"] = kept[s];
     results.push_back(row);
   }
