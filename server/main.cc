@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "engine/common/status_macros.h"
 #include "engine/draft/draft_model.h"
+#include "engine/draft/spec_kv.h"
 #include "engine/draft/spec_pc.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
@@ -107,14 +108,21 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: f32, bf16, f16 (rounded to nearest even when stored, widened "
           "exactly when read) or auto (the backend's default: f16 on the CPU)");
 ABSL_FLAG(std::string, draft_model, "",
-          "SpecPC draft model: self:K (the model's own first K layers, sharing its weights) or a "
-          "GGUF file / Hugging Face directory with the model's vocabulary (empty: SPEC_PC "
-          "requests are refused with FAILED_PRECONDITION)");
+          "SpecPC / SpecKV draft model: self:K (the model's own first K layers, sharing its "
+          "weights) or a GGUF file / Hugging Face directory with the model's vocabulary (empty: "
+          "SPEC_PC and SPEC_KV requests are refused with FAILED_PRECONDITION)");
 ABSL_FLAG(int32_t, spec_pc_budget, 2048,
           "SpecPC: prompt tokens kept when a request names no budget (>= 64)");
 ABSL_FLAG(int32_t, spec_pc_lookahead_tokens, 1,
           "SpecPC: tokens the draft decodes before scoring when a request does not say ([1, 64])");
-ABSL_FLAG(int32_t, draft_kv_cache_tokens, 32768, "SpecPC: the draft's own KV cache in tokens");
+ABSL_FLAG(int32_t, spec_kv_budget, 1024,
+          "SpecKV: prompt KV entries kept per layer and KV head when a request names no budget "
+          "(>= 33)");
+ABSL_FLAG(int32_t, spec_kv_lookahead_tokens, 64,
+          "SpecKV: the cap on the draft's lookahead answer (min(this, max_new_tokens) tokens) when "
+          "a request does not say ([1, 64])");
+ABSL_FLAG(int32_t, draft_kv_cache_tokens, 32768,
+          "SpecPC / SpecKV: the draft's own KV cache in tokens");
 ABSL_FLAG(bool, spec_pc_original_positions, false,
           "SpecPC: kept tokens keep their original RoPE positions instead of being renumbered "
           "0..budget-1 as the reference does");
@@ -169,16 +177,22 @@ absl::Status CheckFlags() {
   return absl::OkStatus();
 }
 
-// The SpecPC flags; an error is a usage error (exit code 2).
-absl::Status CheckSpecPcFlags() {
-  if (const int32_t budget = absl::GetFlag(FLAGS_spec_pc_budget); budget < kSpecPcMinBudget) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--spec_pc_budget must be >= ", kSpecPcMinBudget, ", got ", budget));
-  }
-  if (const int32_t lookahead = absl::GetFlag(FLAGS_spec_pc_lookahead_tokens);
-      lookahead < 1 || lookahead > kSpecPcMaxLookahead) {
-    return absl::InvalidArgumentError(absl::StrCat("--spec_pc_lookahead_tokens must be in [1, ",
-                                                   kSpecPcMaxLookahead, "], got ", lookahead));
+// The SpecPC and SpecKV flags; an error is a usage error (exit code 2).
+absl::Status CheckDraftFlags() {
+  for (const auto& [mode, budget, min_budget, lookahead] :
+       {std::tuple{"spec_pc", absl::GetFlag(FLAGS_spec_pc_budget), kSpecPcMinBudget,
+                   absl::GetFlag(FLAGS_spec_pc_lookahead_tokens)},
+        std::tuple{"spec_kv", absl::GetFlag(FLAGS_spec_kv_budget), kSpecKvMinBudget,
+                   absl::GetFlag(FLAGS_spec_kv_lookahead_tokens)}}) {
+    if (budget < min_budget) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", mode, "_budget must be >= ", min_budget, ", got ", budget));
+    }
+    if (lookahead < 1 || lookahead > kSpecPcMaxLookahead) {
+      return absl::InvalidArgumentError(absl::StrCat("--", mode,
+                                                     "_lookahead_tokens must be in [1, ",
+                                                     kSpecPcMaxLookahead, "], got ", lookahead));
+    }
   }
   if (!absl::GetFlag(FLAGS_draft_model).empty() && absl::GetFlag(FLAGS_tensor_parallel) > 1) {
     return absl::InvalidArgumentError(
@@ -409,6 +423,8 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   options.has_draft_model = draft != nullptr;
   options.spec_pc_budget = absl::GetFlag(FLAGS_spec_pc_budget);
   options.spec_pc_lookahead_tokens = absl::GetFlag(FLAGS_spec_pc_lookahead_tokens);
+  options.spec_kv_budget = absl::GetFlag(FLAGS_spec_kv_budget);
+  options.spec_kv_lookahead_tokens = absl::GetFlag(FLAGS_spec_kv_lookahead_tokens);
   ServerMetrics metrics(
       [&engine = *engine] { return engine.stats(); },
       {RIDGESERVE_VERSION, model->config.name, options.backend, options.tensor_parallel});
@@ -469,11 +485,11 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("ridgeserve"));
 
-  // Usage errors in the security, limit and SpecPC flags: one line, exit code 2.
+  // Usage errors in the security, limit, SpecPC and SpecKV flags: one line, exit code 2.
   absl::StatusOr<ridgeserve::PortSecurity> security = ridgeserve::PortSecurityFromFlags();
   absl::Status usage = security.status();
   if (usage.ok()) usage = ridgeserve::CheckLimitFlags();
-  if (usage.ok()) usage = ridgeserve::CheckSpecPcFlags();
+  if (usage.ok()) usage = ridgeserve::CheckDraftFlags();
   if (!usage.ok()) {
     spdlog::error("{}", std::string(usage.message()));
     return 2;

@@ -28,7 +28,7 @@ const prometheus::Histogram::BucketBoundaries kRequestLatencyBuckets = {
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 // prefill_mode labels, by ServerMetrics::Mode.
-constexpr const char* kPrefillModes[] = {"exact", "ridgefill", "spec_pc"};
+constexpr const char* kPrefillModes[] = {"exact", "ridgefill", "spec_pc", "spec_kv"};
 
 // Engine::stats() turned into gauges and a counter at scrape time, so they are never stale.
 prometheus::MetricFamily OneValue(const char* name, const char* help, prometheus::MetricType type,
@@ -202,6 +202,19 @@ ServerMetrics::ServerMetrics(std::function<EngineStats()> engine_stats, const Bu
                  "(measured per-token cost of the prefill that ran the kept ones), less the "
                  "draft's time.")
            .Add({}, kTtftBuckets);
+  spec_kv_kept_tokens_ =
+      &counter("ridgeserve_spec_kv_kept_kv_tokens_total",
+               "SpecKV: prompt KV entries kept per layer and KV head after the prefill (the "
+               "budget), summed over requests.");
+  spec_kv_dropped_tokens_ =
+      &counter("ridgeserve_spec_kv_dropped_kv_tokens_total",
+               "SpecKV: prompt KV entries dropped per layer and KV head after the prefill (prompt "
+               "tokens - budget), summed over requests.");
+  spec_kv_draft_ =
+      &histogram("ridgeserve_spec_kv_draft_seconds",
+                 "SpecKV: per-request time of the draft's prefill and lookahead answer and the KV "
+                 "selection.")
+           .Add({}, kTtftBuckets);
   prometheus::BuildGauge()
       .Name("ridgeserve_build_info")
       .Help("Build and serving configuration; always 1.")
@@ -258,13 +271,16 @@ void ServerMetrics::RecordError(absl::StatusCode code) {
 RequestMetrics::RequestMetrics(ServerMetrics& metrics, const EngineRequest& request)
     : metrics_(metrics),
       spec_pc_(request.spec_pc.budget > 0 &&
-               static_cast<size_t>(request.spec_pc.budget) < request.prompt.size()) {}
+               static_cast<size_t>(request.spec_pc.budget) < request.prompt.size()),
+      spec_kv_(request.spec_kv.budget > 0 &&
+               static_cast<size_t>(request.spec_kv.budget) < request.prompt.size()) {}
 
 void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_reason) {
   if (finished_) return;
   ServerMetrics::ModeMetrics& mode =
       metrics_.modes_[event.split_layer >= 0 ? ServerMetrics::kRidgeFill
                       : spec_pc_             ? ServerMetrics::kSpecPc
+                      : spec_kv_             ? ServerMetrics::kSpecKv
                                              : ServerMetrics::kExact];
   if (!event.tokens.empty()) {
     const Clock::time_point now = Clock::now();
@@ -279,6 +295,10 @@ void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_re
       if (spec_pc_) {
         metrics_.spec_pc_dropped_tokens_->Increment(event.prompt_tokens - event.kept_prompt_tokens);
         metrics_.spec_pc_ttft_saved_->Observe(event.timing.estimated_ttft_saved_seconds);
+      }
+      if (spec_kv_) {
+        metrics_.spec_kv_kept_tokens_->Increment(event.kept_kv_tokens);
+        metrics_.spec_kv_dropped_tokens_->Increment(event.prompt_tokens - event.kept_kv_tokens);
       }
     } else {
       mode.itl->Observe(std::chrono::duration<double>(now - *last_token_).count());
@@ -298,6 +318,7 @@ void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_re
     mode.queue->Observe(event.timing.queue_seconds);
     mode.prefill->Observe(event.timing.prefill_seconds);
     if (spec_pc_) metrics_.spec_pc_draft_->Observe(event.timing.draft_seconds);
+    if (spec_kv_) metrics_.spec_kv_draft_->Observe(event.timing.draft_seconds);
   }
 }
 

@@ -12,15 +12,19 @@
 //   ends with a non-OK status (gRPC code name, e.g. INVALID_ARGUMENT): refused at validation,
 //   admission or submission, or failed in the engine.
 // - prefill_mode is what the engine did: "ridgefill" when the prompt was prefilled with a
-//   RidgeFill split (TokenEvent::split_layer), "spec_pc" for a SpecPC request whose budget is
-//   below its prompt length (the engine runs a prompt within the budget exactly), else
-//   "exact" (also RidgeFill requests with nothing to fill).
+//   RidgeFill split (TokenEvent::split_layer), "spec_pc" / "spec_kv" for a SpecPC / SpecKV
+//   request whose budget is below its prompt length (the engine runs a prompt within the
+//   budget exactly), else "exact" (also RidgeFill requests with nothing to fill).
 // - At a request's first token: ridgeserve_time_to_first_token_seconds (engine-measured),
 //   ridgeserve_prompt_tokens_total; for RidgeFill requests that filled rows the filled
 //   and skipped layer-token counters and ridgeserve_ridgefill_ttft_saved_seconds; for
 //   spec_pc requests ridgeserve_spec_pc_dropped_prompt_tokens_total (prompt tokens the target
 //   never prefilled) and ridgeserve_spec_pc_ttft_saved_seconds (the engine's estimate, priced
-//   as RidgeFill's is, less the draft's time).
+//   as RidgeFill's is, less the draft's time); for spec_kv requests
+//   ridgeserve_spec_kv_kept_kv_tokens_total and ridgeserve_spec_kv_dropped_kv_tokens_total
+//   (prompt KV entries per layer and KV head kept after the prefill, the budget, and dropped,
+//   prompt_tokens - kept: multiply by layers x KV heads for entries, or by the bytes of one
+//   token's KV for memory).
 // - At every later event that carries tokens: ridgeserve_inter_token_latency_seconds, one
 //   observation per event (an event carrying several tokens is one gap, as in vLLM), timed on
 //   the steady clock when the engine thread hands the event to the server: the callback runs
@@ -29,8 +33,11 @@
 //   (including tokens dropped after a stop string matched: they were computed).
 // - At the final OK event: ridgeserve_e2e_request_latency_seconds, and for requests that got
 //   a first token, ridgeserve_request_queue_time_seconds and
-//   ridgeserve_request_prefill_time_seconds (engine-measured), and for spec_pc ones
-//   ridgeserve_spec_pc_draft_seconds (the draft's prefill and lookahead).
+//   ridgeserve_request_prefill_time_seconds (engine-measured), for spec_pc ones
+//   ridgeserve_spec_pc_draft_seconds (the draft's prefill and lookahead) and for spec_kv ones
+//   ridgeserve_spec_kv_draft_seconds (the draft's prefill and lookahead answer, and the KV
+//   selection): a family of its own, as SpecKV's draft decodes up to 64 tokens where SpecPC's
+//   usually decodes 1, so one histogram would mix two distributions.
 // - Read from Engine::stats() at scrape time (never stale): ridgeserve_num_requests_running,
 //   ridgeserve_num_requests_waiting, ridgeserve_kv_cache_usage_ratio (used / total blocks),
 //   ridgeserve_num_preemptions_total.
@@ -114,7 +121,7 @@ class ServerMetrics {
     prometheus::Histogram* prefill = nullptr;
     const char* label = "";  // prefill_mode
   };
-  enum Mode { kExact, kRidgeFill, kSpecPc, kNumModes };  // index into modes_
+  enum Mode { kExact, kRidgeFill, kSpecPc, kSpecKv, kNumModes };  // index into modes_
   // ridgeserve_requests_total{finish_reason (lower case), prefill_mode}.
   prometheus::Counter& RequestCounter(const ModeMetrics& mode, v1::FinishReason reason);
 
@@ -131,6 +138,9 @@ class ServerMetrics {
   prometheus::Counter* spec_pc_dropped_tokens_ = nullptr;
   prometheus::Histogram* spec_pc_draft_ = nullptr;
   prometheus::Histogram* spec_pc_ttft_saved_ = nullptr;
+  prometheus::Counter* spec_kv_kept_tokens_ = nullptr;
+  prometheus::Counter* spec_kv_dropped_tokens_ = nullptr;
+  prometheus::Histogram* spec_kv_draft_ = nullptr;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };
@@ -138,7 +148,8 @@ class ServerMetrics {
 // One request's metrics: turns its engine events into observations, each at most once.
 class RequestMetrics {
  public:
-  // `request` as submitted: a SpecPC budget below its prompt length makes it "spec_pc".
+  // `request` as submitted: a SpecPC / SpecKV budget below its prompt length makes it
+  // "spec_pc" / "spec_kv".
   RequestMetrics(ServerMetrics& metrics, const EngineRequest& request);
 
   // Every engine event of the request, in order. `finish_reason` is what the client is told on
@@ -150,6 +161,7 @@ class RequestMetrics {
 
   ServerMetrics& metrics_;
   const bool spec_pc_;
+  const bool spec_kv_;
   std::optional<Clock::time_point> last_token_;  // when the previous tokens arrived
   bool finished_ = false;
 };

@@ -69,6 +69,8 @@ OutputBuilder::Step OutputBuilder::OnEvent(const TokenEvent& event) {
   const int32_t kept = event.kept_prompt_tokens > 0 ? event.kept_prompt_tokens : prompt_tokens;
   usage.set_kept_prompt_tokens(kept);
   usage.set_exact_prompt_tokens(kept - event.filled_prompt_tokens);
+  // SpecKV keeps `budget` KV entries per layer and KV head; every other request all of them.
+  usage.set_kept_kv_tokens(event.kept_kv_tokens > 0 ? event.kept_kv_tokens : prompt_tokens);
 
   v1::Timing& timing = *delta.mutable_timing();
   timing.set_queue_seconds(event.timing.queue_seconds);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/status_macros.h"
+#include "engine/draft/spec_kv.h"
 #include "engine/draft/spec_pc.h"
 
 namespace ridgeserve {
@@ -140,8 +141,9 @@ absl::Status ValidatePrefill(const v1::PrefillOptions& p, const ServerOptions& o
   }
   RS_RETURN_IF_ERROR(
       ValidateBudget(p.spec_pc(), "prefill.spec_pc", kSpecPcMinBudget, kSpecPcMaxLookahead));
-  // SpecKV's lookahead is an answer, capped as max_new_tokens is.
-  RS_RETURN_IF_ERROR(ValidateBudget(p.spec_kv(), "prefill.spec_kv", 1, kMaxNewTokensLimit));
+  // SpecKV's lookahead answer is capped by the same limit as SpecPC's (the engine's).
+  RS_RETURN_IF_ERROR(
+      ValidateBudget(p.spec_kv(), "prefill.spec_kv", kSpecKvMinBudget, kSpecPcMaxLookahead));
 
   switch (p.mode()) {
     case v1::PrefillOptions::EXACT:
@@ -164,13 +166,13 @@ absl::Status ValidatePrefill(const v1::PrefillOptions& p, const ServerOptions& o
       return absl::OkStatus();
     }
     case v1::PrefillOptions::SPEC_PC:
+    case v1::PrefillOptions::SPEC_KV:
       if (!options.has_draft_model) {
         return absl::FailedPreconditionError(
-            "prefill.mode SPEC_PC: no draft model loaded (start the server with --draft_model)");
+            absl::StrCat("prefill.mode ", v1::PrefillOptions::Mode_Name(p.mode()),
+                         ": no draft model loaded (start the server with --draft_model)"));
       }
       return absl::OkStatus();
-    case v1::PrefillOptions::SPEC_KV:
-      return absl::FailedPreconditionError("prefill.mode SPEC_KV is not implemented yet");
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("prefill.mode: unknown value ", static_cast<int>(p.mode())));
@@ -293,6 +295,12 @@ absl::StatusOr<ValidatedRequest> ValidateGenerateRequest(const v1::GenerateReque
     out.engine.spec_pc.budget = b.has_budget() ? b.budget() : options.spec_pc_budget;
     out.engine.spec_pc.lookahead_tokens =
         b.has_lookahead_tokens() ? b.lookahead_tokens() : options.spec_pc_lookahead_tokens;
+  }
+  if (request.prefill().mode() == v1::PrefillOptions::SPEC_KV) {
+    const v1::BudgetOptions& b = request.prefill().spec_kv();
+    out.engine.spec_kv.budget = b.has_budget() ? b.budget() : options.spec_kv_budget;
+    out.engine.spec_kv.lookahead_tokens =
+        b.has_lookahead_tokens() ? b.lookahead_tokens() : options.spec_kv_lookahead_tokens;
   }
   return out;
 }

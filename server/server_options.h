@@ -30,13 +30,16 @@ struct ServerOptions {
   // The split a RIDGEFILL request gets when it names none (one of ridgefill_split_layers).
   int32_t default_split_layer = -1;
   std::string ridgefill_unavailable;  // why no maps are loaded (e.g. calibration progress)
-  // A draft model is loaded (--draft_model): SPEC_PC possible; without one it is refused with
-  // FAILED_PRECONDITION.
+  // A draft model is loaded (--draft_model): SPEC_PC and SPEC_KV possible; without one they are
+  // refused with FAILED_PRECONDITION.
   bool has_draft_model = false;
   // SpecPC: what a SPEC_PC request gets when it leaves budget / lookahead_tokens unset
   // (--spec_pc_budget, --spec_pc_lookahead_tokens).
   int32_t spec_pc_budget = 2048;
   int32_t spec_pc_lookahead_tokens = 1;
+  // SpecKV: the same for SPEC_KV (--spec_kv_budget, --spec_kv_lookahead_tokens).
+  int32_t spec_kv_budget = 1024;
+  int32_t spec_kv_lookahead_tokens = 64;
 };
 
 }  // namespace ridgeserve

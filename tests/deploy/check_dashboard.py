@@ -34,6 +34,8 @@ REQUIRED_PANELS = ["TTFT p50 / p95", "TTFT saved by RidgeFill per second",
                    "TTFT saved per RidgeFill request", "Share of requests using RidgeFill",
                    "TTFT saved per SpecPC request", "SpecPC draft time",
                    "SpecPC dropped prompt tokens", "Share of requests using SpecPC",
+                   "SpecKV KV entries kept / dropped", "SpecKV draft time", "SpecKV KV memory kept",
+                   "Share of requests using SpecKV",
                    "tokens per second", "running / waiting", "KV cache", "Preemptions",
                    "Errors by gRPC code"]
 

@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.request
 
 SOURCE_DIR = os.environ.get(
     "RIDGESERVE_SOURCE_DIR", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -390,6 +391,33 @@ def run_unary(stub, req, timeout=300.0):
         return stub.Generate(req, timeout=timeout), SC.OK, ""
     except grpc.RpcError as e:
         return None, e.code(), e.details() or ""
+
+
+def run_ok(stub, req):
+    """The response of a unary call that must succeed."""
+    resp, code, details = run_unary(stub, req)
+    expect(code == SC.OK, f"request failed: {code} {details}")
+    return resp
+
+
+def run_stream_ok(stub, req) -> StreamResult:
+    """The result of a stream that must succeed with a final message."""
+    r = run_stream(stub, req)
+    expect(r.code == SC.OK and r.final is not None, f"stream failed: {r.describe()}")
+    return r
+
+
+def scrape_metrics(srv) -> dict[str, float]:
+    """{series as written (name{labels}): value} of the server's /metrics."""
+    url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})?) (\S+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(3))
+    return out
 
 
 def in_threads(fns):

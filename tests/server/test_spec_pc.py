@@ -11,8 +11,8 @@ Checks, each against the server's own exact path, the request's budget or the cl
     computed; one SPEC_PC and one EXACT as streams) each give the tokens they gave alone;
   * a budget >= the prompt is token-identical to EXACT, keeps every token and runs no draft;
   * bad requests: budget 10 → INVALID_ARGUMENT naming prefill.spec_pc.budget, lookahead 0 and
-    65 → INVALID_ARGUMENT naming prefill.spec_pc.lookahead_tokens, SPEC_KV → FAILED_PRECONDITION
-    (a server without a draft refusing SPEC_PC is test_validation.py's);
+    65 → INVALID_ARGUMENT naming prefill.spec_pc.lookahead_tokens (a server without a draft
+    refusing SPEC_PC is test_validation.py's; SPEC_KV is test_spec_kv.py's);
   * /metrics: requests_total{prefill_mode="spec_pc"}, its TTFT count, the dropped-prompt-token
     counter and the draft-time and TTFT-saved histograms grew by exactly what the responses
     say; budgets >= the prompt counted as exact;
@@ -21,12 +21,11 @@ Checks, each against the server's own exact path, the request's budget or the cl
     --tensor_parallel 2 stop the server at start with exit code 2 and one line naming the flag."""
 
 import os
-import re
 import subprocess
-import urllib.request
 
 from rs_testlib import (MAPS, MODEL, SC, SERVER_BIN, Checks, Server, expect, expect_eq,
-                        greedy_request, in_threads, license_text, run_stream, run_unary)
+                        greedy_request, in_threads, license_text, run_ok, run_stream_ok,
+                        run_unary, scrape_metrics)
 
 NEW_TOKENS = 8
 DRAFT = "self:8"
@@ -54,19 +53,6 @@ def ridgefill_request(token_ids, tail):
     return req
 
 
-def scrape(srv):
-    """{series as written (name{labels}): value} of the server's /metrics."""
-    url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"([a-zA-Z_:][a-zA-Z0-9_:]*(\{[^}]*\})?) (\S+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(3))
-    return out
-
-
 class Ledger:
     """What the responses say the metrics must have grown by (filled on the main thread)."""
 
@@ -84,18 +70,6 @@ class Ledger:
         self.spec_pc += 1
         self.dropped += resp.usage.prompt_tokens - resp.usage.kept_prompt_tokens
         self.draft_seconds += resp.timing.draft_seconds
-
-
-def ok(srv, req):
-    resp, code, details = run_unary(srv.stub, req)
-    expect(code == SC.OK, f"request failed: {code} {details}")
-    return resp
-
-
-def ok_stream(srv, req):
-    r = run_stream(srv.stub, req)
-    expect(r.code == SC.OK and r.final is not None, f"stream failed: {r.describe()}")
-    return r
 
 
 def check_startup_errors():
@@ -125,7 +99,7 @@ def main():
         ids = srv.tokenize(text[:40000], add_special_tokens=True)
         expect(len(ids) > 6500, f"license text gave only {len(ids)} tokens")
         prompts = [ids[:600], ids[2000:2400], ids[4000:4400], ids[6000:6300]]
-        before = scrape(srv)
+        before = scrape_metrics(srv)
         # (kind, prompt, request, sent as a stream); the first is the ~600-token budget-128 one.
         jobs = [("spec_pc 128", 0, spec_pc_request(prompts[0], 128), True),
                 ("spec_pc default", 1, spec_pc_request(prompts[1]), False),
@@ -139,9 +113,9 @@ def main():
 
         def run(req, stream):
             if stream:
-                r = ok_stream(srv, req)
+                r = run_stream_ok(srv.stub, req)
                 return r.token_ids, r.final
-            resp = ok(srv, req)
+            resp = run_ok(srv.stub, req)
             return list(resp.token_ids), resp
 
         def record(kind, i, tokens, final):
@@ -184,7 +158,7 @@ def main():
             exact = alone.get(("exact", 3))
             expect(exact, "no exact tokens for the prompt")
             for budget in (len(p), 1024):
-                r = ok(srv, spec_pc_request(p, budget))
+                r = run_ok(srv.stub, spec_pc_request(p, budget))
                 ledger.add(r, budget_covers_prompt=True)
                 expect_eq(list(r.token_ids), exact, f"tokens with budget {budget}")
                 expect_eq(r.usage.kept_prompt_tokens, len(p), f"kept with budget {budget}")
@@ -203,14 +177,9 @@ def main():
                 _, got, details = run_unary(srv.stub, req)
                 expect_eq(got, code, f"{field}: code ({details})")
                 expect(field in details, f"{field} not named in {details!r}")
-            spec_kv = exact_request(p)
-            spec_kv.prefill.mode = spec_kv.prefill.SPEC_KV
-            _, got, details = run_unary(srv.stub, spec_kv)
-            expect_eq(got, SC.FAILED_PRECONDITION, f"SPEC_KV ({details})")
-            expect("not implemented" in details, details)
 
         def metrics():
-            after = scrape(srv)
+            after = scrape_metrics(srv)
 
             def grew(series):
                 return after.get(series, 0) - before.get(series, 0)

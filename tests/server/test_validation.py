@@ -8,8 +8,8 @@ Every case is sent both as Generate and as GenerateStream. Checks:
     a 300-byte request_id;
   * OUT_OF_RANGE for a prompt longer than the context (text of 8192+ tokens) and for prompt +
     max_new_tokens over the context;
-  * FAILED_PRECONDITION for RIDGEFILL (no maps loaded), SPEC_PC (no draft model, the message
-    naming --draft_model) and SPEC_KV (not implemented yet);
+  * FAILED_PRECONDITION for RIDGEFILL (no maps loaded), SPEC_PC and SPEC_KV (no draft model,
+    the message naming --draft_model);
   * ALREADY_EXISTS for a request_id that is already running;
   * afterwards nothing is left running, every KV block is free, and a normal request works.
 """
@@ -90,8 +90,9 @@ def cases(long_text, long_ids):
          []),
         ("SPEC_PC without a draft model", prefill(pb.PrefillOptions.SPEC_PC),
          SC.FAILED_PRECONDITION, ["no draft model loaded (start the server with --draft_model)"]),
-        ("SPEC_KV (not implemented)", prefill(pb.PrefillOptions.SPEC_KV),
-         SC.FAILED_PRECONDITION, ["SPEC_KV is not implemented yet"]),
+        ("SPEC_KV without a draft model", prefill(pb.PrefillOptions.SPEC_KV),
+         SC.FAILED_PRECONDITION,
+         ["SPEC_KV: no draft model loaded (start the server with --draft_model)"]),
     ]
 
 

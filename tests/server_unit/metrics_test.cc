@@ -1,7 +1,7 @@
 // ServerMetrics and RequestMetrics fed with hand-made engine events (no model, no engine): each
 // request is counted once, in requests_total or request_errors_total, with its prefill mode;
 // TTFT, ITL and token counters follow the events; RidgeFill counters only for filled rows,
-// SpecPC ones only for requests whose budget is below the prompt;
+// SpecPC and SpecKV ones only for requests whose budget is below the prompt;
 // engine gauges are read at scrape time; /metrics is served over HTTP on a free port.
 #include "server/metrics.h"
 
@@ -124,14 +124,15 @@ TEST(ServerMetricsTest, RidgeFillRequestCountsFilledRowsAndSavedSeconds) {
   EXPECT_EQ(Value(text, "ridgeserve_ridgefill_ttft_saved_seconds_sum"), 0.125);
 }
 
-// A SpecPC request of 50 prompt tokens with `budget` and the events its engine run gives.
-EngineRequest SpecPcRequest(int32_t budget) {
+// A SpecPC or SpecKV request of 50 prompt tokens with `budget`.
+EngineRequest DraftRequest(int32_t budget, bool spec_kv) {
   EngineRequest r;
   r.prompt.assign(50, 7);
-  r.spec_pc.budget = budget;
+  (spec_kv ? r.spec_kv.budget : r.spec_pc.budget) = budget;
   return r;
 }
 
+// The token events a SpecPC run of 50 prompt tokens keeping `kept` of them gives.
 TokenEvent SpecPcToken(int32_t kept) {
   TokenEvent e = Token();
   e.kept_prompt_tokens = kept;
@@ -140,50 +141,95 @@ TokenEvent SpecPcToken(int32_t kept) {
   return e;
 }
 
-TEST(ServerMetricsTest, SpecPcRequestCountsDroppedTokensDraftAndSavedSeconds) {
-  ServerMetrics metrics(Idle, Info());
-  RequestMetrics request(metrics, SpecPcRequest(/*budget=*/20));
-  request.OnEvent(SpecPcToken(20), v1::FINISH_REASON_UNSPECIFIED);
-  request.OnEvent(SpecPcToken(20), v1::FINISH_REASON_UNSPECIFIED);
-  TokenEvent last = Final(SpecPcToken(20));
-  last.timing.draft_seconds = 0.375;
-  request.OnEvent(last, v1::LENGTH);
-  const std::string text = metrics.Render();
-  EXPECT_EQ(
-      Value(text, R"(ridgeserve_requests_total{finish_reason="length",prefill_mode="spec_pc"})"),
-      1);
+// The same for SpecKV keeping `kept` KV entries per layer and head: the prompt is prefilled.
+TokenEvent SpecKvToken(int32_t kept) {
+  TokenEvent e = Token();
+  e.kept_prompt_tokens = e.prompt_tokens;
+  e.exact_prompt_tokens = e.prompt_tokens;
+  e.kept_kv_tokens = kept;
+  return e;
+}
+
+// Feeds two token events like `token`, then a final one with `draft_seconds`.
+void RunTwoTokens(RequestMetrics& request, const TokenEvent& token, double draft_seconds,
+                  v1::FinishReason reason) {
+  request.OnEvent(token, v1::FINISH_REASON_UNSPECIFIED);
+  request.OnEvent(token, v1::FINISH_REASON_UNSPECIFIED);
+  TokenEvent last = Final(token);
+  last.timing.draft_seconds = draft_seconds;
+  request.OnEvent(last, reason);
+}
+
+// RunTwoTokens' one request is in prefill_mode `mode` of every per-mode series, not in "exact".
+void ExpectCountedOnceIn(const std::string& text, const std::string& mode) {
+  EXPECT_EQ(Value(text, absl::StrCat(R"(ridgeserve_requests_total{finish_reason="length",)",
+                                     R"(prefill_mode=")", mode, R"("})")),
+            1);
   EXPECT_EQ(
       Value(text, R"(ridgeserve_requests_total{finish_reason="length",prefill_mode="exact"})"), 0);
   for (const char* histogram :
        {"ridgeserve_time_to_first_token_seconds", "ridgeserve_e2e_request_latency_seconds",
-        "ridgeserve_request_queue_time_seconds", "ridgeserve_request_prefill_time_seconds"}) {
-    EXPECT_EQ(Value(text, absl::StrCat(histogram, R"(_count{prefill_mode="spec_pc"})")), 1)
+        "ridgeserve_request_queue_time_seconds", "ridgeserve_request_prefill_time_seconds",
+        "ridgeserve_inter_token_latency_seconds"}) {
+    EXPECT_EQ(Value(text, absl::StrCat(histogram, R"(_count{prefill_mode=")", mode, R"("})")), 1)
         << histogram;
   }
-  EXPECT_EQ(Value(text, R"(ridgeserve_inter_token_latency_seconds_count{prefill_mode="spec_pc"})"),
-            1);
   EXPECT_EQ(Value(text, "ridgeserve_prompt_tokens_total"), 50);
+}
+
+TEST(ServerMetricsTest, SpecPcRequestCountsDroppedTokensDraftAndSavedSeconds) {
+  ServerMetrics metrics(Idle, Info());
+  RequestMetrics request(metrics, DraftRequest(/*budget=*/20, /*spec_kv=*/false));
+  RunTwoTokens(request, SpecPcToken(20), /*draft_seconds=*/0.375, v1::LENGTH);
+  const std::string text = metrics.Render();
+  ExpectCountedOnceIn(text, "spec_pc");
   EXPECT_EQ(Value(text, "ridgeserve_spec_pc_dropped_prompt_tokens_total"), 30);
   EXPECT_EQ(Value(text, "ridgeserve_spec_pc_draft_seconds_count"), 1);
   EXPECT_EQ(Value(text, "ridgeserve_spec_pc_draft_seconds_sum"), 0.375);
   EXPECT_EQ(Value(text, "ridgeserve_spec_pc_ttft_saved_seconds_count"), 1);
   EXPECT_EQ(Value(text, "ridgeserve_spec_pc_ttft_saved_seconds_sum"), 0.0625);
   EXPECT_EQ(Value(text, "ridgeserve_ridgefill_ttft_saved_seconds_count"), 0);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_kv_draft_seconds_count"), 0);
 }
 
-TEST(ServerMetricsTest, SpecPcBudgetCoveringThePromptIsExact) {
+TEST(ServerMetricsTest, SpecKvRequestCountsKeptAndDroppedEntriesAndDraft) {
   ServerMetrics metrics(Idle, Info());
-  RequestMetrics request(metrics, SpecPcRequest(/*budget=*/50));
-  request.OnEvent(SpecPcToken(50), v1::FINISH_REASON_UNSPECIFIED);
-  request.OnEvent(Final(SpecPcToken(50)), v1::STOP);
+  RequestMetrics request(metrics, DraftRequest(/*budget=*/40, /*spec_kv=*/true));
+  RunTwoTokens(request, SpecKvToken(40), /*draft_seconds=*/0.625, v1::LENGTH);
   const std::string text = metrics.Render();
-  EXPECT_EQ(Value(text, R"(ridgeserve_requests_total{finish_reason="stop",prefill_mode="exact"})"),
-            1);
-  EXPECT_EQ(
-      Value(text, R"(ridgeserve_requests_total{finish_reason="stop",prefill_mode="spec_pc"})"), 0);
+  ExpectCountedOnceIn(text, "spec_kv");
+  EXPECT_EQ(Value(text, "ridgeserve_spec_kv_kept_kv_tokens_total"), 40);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_kv_dropped_kv_tokens_total"), 10);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_kv_draft_seconds_count"), 1);
+  EXPECT_EQ(Value(text, "ridgeserve_spec_kv_draft_seconds_sum"), 0.625);
+  // Nothing in SpecPC's or RidgeFill's.
   EXPECT_EQ(Value(text, "ridgeserve_spec_pc_dropped_prompt_tokens_total"), 0);
   EXPECT_EQ(Value(text, "ridgeserve_spec_pc_draft_seconds_count"), 0);
   EXPECT_EQ(Value(text, "ridgeserve_spec_pc_ttft_saved_seconds_count"), 0);
+  EXPECT_EQ(Value(text, "ridgeserve_ridgefill_ttft_saved_seconds_count"), 0);
+}
+
+TEST(ServerMetricsTest, DraftBudgetCoveringThePromptIsExact) {
+  for (const bool spec_kv : {false, true}) {
+    ServerMetrics metrics(Idle, Info());
+    RequestMetrics request(metrics, DraftRequest(/*budget=*/50, spec_kv));
+    RunTwoTokens(request, spec_kv ? SpecKvToken(50) : SpecPcToken(50), 0, v1::STOP);
+    const std::string text = metrics.Render();
+    EXPECT_EQ(
+        Value(text, R"(ridgeserve_requests_total{finish_reason="stop",prefill_mode="exact"})"), 1);
+    for (const char* mode : {"spec_pc", "spec_kv"}) {
+      EXPECT_EQ(Value(text, absl::StrCat(R"(ridgeserve_requests_total{finish_reason="stop",)",
+                                         R"(prefill_mode=")", mode, R"("})")),
+                0);
+    }
+    for (const char* counter :
+         {"ridgeserve_spec_pc_dropped_prompt_tokens_total",
+          "ridgeserve_spec_pc_draft_seconds_count", "ridgeserve_spec_pc_ttft_saved_seconds_count",
+          "ridgeserve_spec_kv_kept_kv_tokens_total", "ridgeserve_spec_kv_dropped_kv_tokens_total",
+          "ridgeserve_spec_kv_draft_seconds_count"}) {
+      EXPECT_EQ(Value(text, counter), 0) << counter << (spec_kv ? " (SpecKV)" : " (SpecPC)");
+    }
+  }
 }
 
 TEST(ServerMetricsTest, FailuresCountOnlyAsErrors) {

@@ -88,6 +88,7 @@ TEST_F(OutputBuilderTest, DeltasConcatenateToTheTextAndNeverSplitCharacters) {
   EXPECT_EQ(last.delta.usage().cached_prompt_tokens(), 4);
   EXPECT_EQ(last.delta.usage().exact_prompt_tokens(), 11);
   EXPECT_EQ(last.delta.usage().kept_prompt_tokens(), 11);  // the engine left it unset
+  EXPECT_EQ(last.delta.usage().kept_kv_tokens(), 11);      // likewise
   EXPECT_DOUBLE_EQ(last.delta.timing().ttft_seconds(), 0.2);
   EXPECT_DOUBLE_EQ(last.delta.timing().e2e_seconds(), 0.4);
 }
@@ -150,6 +151,22 @@ TEST_F(OutputBuilderTest, SpecPcUsageCountsKeptTokensAndDraftTime) {
   EXPECT_EQ(step.delta.usage().exact_prompt_tokens(), 7);  // the dropped 4 ran no layer
   EXPECT_DOUBLE_EQ(step.delta.timing().draft_seconds(), 0.05);
   EXPECT_DOUBLE_EQ(step.delta.timing().estimated_ttft_saved_seconds(), 0.02);
+}
+
+TEST_F(OutputBuilderTest, SpecKvUsageCountsKeptKvEntriesAndDraftTime) {
+  OutputBuilder builder(*tokenizer_, "r7", {}, 11);
+  TokenEvent e = Final(FinishReason::kLength);
+  e.prompt_tokens = 11;
+  e.kept_prompt_tokens = 11;
+  e.kept_kv_tokens = 5;
+  e.timing.draft_seconds = 0.25;
+  const OutputBuilder::Step step = builder.OnEvent(e);
+  EXPECT_EQ(step.delta.usage().prompt_tokens(), 11);
+  EXPECT_EQ(step.delta.usage().kept_kv_tokens(), 5);
+  EXPECT_EQ(step.delta.usage().kept_prompt_tokens(), 11);  // the whole prompt was prefilled
+  EXPECT_EQ(step.delta.usage().exact_prompt_tokens(), 11);
+  EXPECT_DOUBLE_EQ(step.delta.timing().draft_seconds(), 0.25);
+  EXPECT_DOUBLE_EQ(step.delta.timing().estimated_ttft_saved_seconds(), 0);
 }
 
 TEST_F(OutputBuilderTest, FailureIsPassedOn) {

@@ -8,6 +8,8 @@
 #include <string>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
+#include "engine/draft/spec_kv.h"
 #include "engine/draft/spec_pc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -31,12 +33,28 @@ class RequestValidationTest : public SmolLM2Test {
     return ValidateGenerateRequest(r, *tokenizer_, *config_, options);
   }
   // The request is refused with `code` and a message containing `field`.
-  void ExpectRefused(const v1::GenerateRequest& r, absl::StatusCode code,
-                     const std::string& field) {
-    absl::StatusOr<ValidatedRequest> v = Validate(r);
+  void ExpectRefused(const v1::GenerateRequest& r, absl::StatusCode code, const std::string& field,
+                     const ServerOptions& options = {}) {
+    absl::StatusOr<ValidatedRequest> v = Validate(r, options);
     ASSERT_FALSE(v.ok()) << "accepted; expected " << field;
     EXPECT_EQ(v.status().code(), code) << v.status();
     EXPECT_THAT(std::string(v.status().message()), HasSubstr(field));
+  }
+  // `r` (SPEC_PC or SPEC_KV) with a budget below min_budget or a lookahead outside
+  // [1, kSpecPcMaxLookahead] in `b` (its prefill.spec_pc or .spec_kv, named `field`): refused
+  // with INVALID_ARGUMENT naming the field.
+  void ExpectOutOfRangeRefused(const v1::GenerateRequest& r, v1::BudgetOptions& b,
+                               const std::string& field, int32_t min_budget,
+                               const ServerOptions& options) {
+    for (const auto& [budget, lookahead, name] :
+         {std::tuple{min_budget - 1, 1, "budget"}, std::tuple{0, 1, "budget"},
+          std::tuple{128, 0, "lookahead_tokens"},
+          std::tuple{128, kSpecPcMaxLookahead + 1, "lookahead_tokens"}}) {
+      SCOPED_TRACE(absl::StrCat("budget ", budget, ", lookahead ", lookahead));
+      b.set_budget(budget);
+      b.set_lookahead_tokens(lookahead);
+      ExpectRefused(r, absl::StatusCode::kInvalidArgument, absl::StrCat(field, ".", name), options);
+    }
   }
 };
 
@@ -223,7 +241,8 @@ TEST_F(RequestValidationTest, PrefillModes) {
   r.mutable_prefill()->set_mode(v1::PrefillOptions::SPEC_PC);
   ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "no draft model loaded");
   r.mutable_prefill()->set_mode(v1::PrefillOptions::SPEC_KV);
-  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "SPEC_KV is not implemented yet");
+  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "no draft model loaded");
+  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "SPEC_KV");
   r.mutable_prefill()->set_mode(static_cast<v1::PrefillOptions::Mode>(9));
   ExpectRefused(r, absl::StatusCode::kInvalidArgument, "prefill.mode");
 
@@ -270,27 +289,49 @@ TEST_F(RequestValidationTest, SpecPcWithADraftModel) {
   EXPECT_EQ(v->engine.spec_pc.lookahead_tokens, 1);
 
   // Out of range: INVALID_ARGUMENT naming the field.
-  for (const auto& [budget, lookahead, field] :
-       {std::tuple{kSpecPcMinBudget - 1, 1, "prefill.spec_pc.budget"},
-        std::tuple{0, 1, "prefill.spec_pc.budget"},
-        std::tuple{128, 0, "prefill.spec_pc.lookahead_tokens"},
-        std::tuple{128, kSpecPcMaxLookahead + 1, "prefill.spec_pc.lookahead_tokens"}}) {
-    b.set_budget(budget);
-    b.set_lookahead_tokens(lookahead);
-    v = Validate(r, options);
-    ASSERT_FALSE(v.ok()) << budget << " " << lookahead;
-    EXPECT_EQ(v.status().code(), absl::StatusCode::kInvalidArgument) << v.status();
-    EXPECT_THAT(std::string(v.status().message()), HasSubstr(field));
-  }
+  ExpectOutOfRangeRefused(r, b, "prefill.spec_pc", kSpecPcMinBudget, options);
 
-  // Other modes carry no SpecPC budget, and SPEC_KV stays refused with a draft too.
+  // Other modes carry no SpecPC budget.
   r.mutable_prefill()->clear_spec_pc();
   r.mutable_prefill()->set_mode(v1::PrefillOptions::EXACT);
   v = Validate(r, options);
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->engine.spec_pc.budget, 0);
+  EXPECT_EQ(v->engine.spec_kv.budget, 0);
+}
+
+TEST_F(RequestValidationTest, SpecKvWithADraftModel) {
+  ServerOptions options;
+  options.has_draft_model = true;
+  options.spec_kv_budget = 256;
+  options.spec_kv_lookahead_tokens = 16;
+  v1::GenerateRequest r = Text("Hello world");
   r.mutable_prefill()->set_mode(v1::PrefillOptions::SPEC_KV);
-  EXPECT_EQ(Validate(r, options).status().code(), absl::StatusCode::kFailedPrecondition);
+  // Unset fields: the server's defaults; no SpecPC budget.
+  absl::StatusOr<ValidatedRequest> v = Validate(r, options);
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_EQ(v->engine.spec_kv.budget, 256);
+  EXPECT_EQ(v->engine.spec_kv.lookahead_tokens, 16);
+  EXPECT_EQ(v->engine.spec_pc.budget, 0);
+  // The request's own, at the limits (the engine's: kSpecKvMinBudget, kSpecPcMaxLookahead).
+  v1::BudgetOptions& b = *r.mutable_prefill()->mutable_spec_kv();
+  for (const int32_t lookahead : {1, kSpecPcMaxLookahead}) {
+    b.set_budget(kSpecKvMinBudget);
+    b.set_lookahead_tokens(lookahead);
+    v = Validate(r, options);
+    ASSERT_TRUE(v.ok()) << v.status();
+    EXPECT_EQ(v->engine.spec_kv.budget, kSpecKvMinBudget);
+    EXPECT_EQ(v->engine.spec_kv.lookahead_tokens, lookahead);
+  }
+
+  // Out of range: INVALID_ARGUMENT naming the field.
+  ExpectOutOfRangeRefused(r, b, "prefill.spec_kv", kSpecKvMinBudget, options);
+
+  // Without a draft: FAILED_PRECONDITION naming the flag.
+  b.set_budget(128);
+  b.set_lookahead_tokens(8);
+  options.has_draft_model = false;
+  ExpectRefused(r, absl::StatusCode::kFailedPrecondition, "--draft_model", options);
 }
 
 TEST_F(RequestValidationTest, TokenizeInput) {
