@@ -1,11 +1,13 @@
 // ridgeserve-loadtest: drives a running ridgeserve with GenerateStream calls and measures what
 // users feel (client-side, queue-inclusive TTFT, inter-token latency, TPOT, E2E), throughput,
-// goodput under SLOs and errors by gRPC code, per prefill mode (exact, RidgeFill, SpecPC).
+// goodput under SLOs and errors by gRPC code, per prefill mode (exact, RidgeFill, SpecPC,
+// SpecKV).
 //   ridgeserve-loadtest --text FILE --arrival closed --concurrency 4 --num_requests 100
 //   ridgeserve-loadtest --text FILE --arrival poisson --rate 2 --duration_s 60
 //   ridgeserve-loadtest --text FILE --arrival gamma --rate 2 --burstiness 0.5
 //   ridgeserve-loadtest --text FILE --arrival poisson --sweep_rates 1,2,4 --json r.json
 //   ridgeserve-loadtest --text FILE --mode_share exact=0.5,ridgefill=0.25,spec_pc=0.25
+//   ridgeserve-loadtest --text FILE --mode_share exact=0.5,spec_kv=0.5 --spec_kv_budget 256
 // Exit code: 0 when the run completed (failed requests are results, not failures); otherwise
 // the absl status code of the problem, printed as "CODE: message".
 #include <unistd.h>
@@ -68,9 +70,9 @@ ABSL_FLAG(bool, chat, false,
           "send each prompt as a user chat message (the template adds tokens: lengths are "
           "approximate)");
 ABSL_FLAG(std::string, mode_share, "",
-          "prefill mix, MODE=SHARE,... with MODE exact, ridgefill or spec_pc and the shares "
-          "summing to 1, e.g. exact=0.5,ridgefill=0.25,spec_pc=0.25 (empty: all exact, or "
-          "--ridgefill_share)");
+          "prefill mix, MODE=SHARE,... with MODE exact, ridgefill, spec_pc or spec_kv and the "
+          "shares summing to 1, e.g. exact=0.5,ridgefill=0.25,spec_pc=0.25 (empty: all exact, "
+          "or --ridgefill_share)");
 ABSL_FLAG(double, ridgefill_share, 0,
           "fraction of requests sent with prefill mode RIDGEFILL, the rest EXACT (shorthand for "
           "--mode_share exact=1-S,ridgefill=S)");
@@ -80,6 +82,9 @@ ABSL_FLAG(std::optional<int32_t>, split_layer, std::nullopt,
           "RIDGEFILL requests: split layer (default: the maps')");
 ABSL_FLAG(std::optional<int32_t>, spec_pc_budget, std::nullopt,
           "SPEC_PC requests: prompt tokens kept (default: the server's --spec_pc_budget)");
+ABSL_FLAG(std::optional<int32_t>, spec_kv_budget, std::nullopt,
+          "SPEC_KV requests: prompt KV entries kept per layer and KV head (default: the server's "
+          "--spec_kv_budget)");
 ABSL_FLAG(double, temperature, 0, "sampling temperature (0 = greedy)");
 ABSL_FLAG(bool, ignore_eos, true, "decode exactly --output_tokens tokens");
 ABSL_FLAG(uint64_t, seed, 0, "seeds prompt offsets, lengths, the prefill mix and arrivals");
@@ -175,12 +180,14 @@ nlohmann::json ConfigJson(const WorkloadOptions& w, const std::string& arrival) 
                       {"exact_tail_tokens", nullptr},
                       {"split_layer", nullptr},
                       {"spec_pc_budget", nullptr},
+                      {"spec_kv_budget", nullptr},
                       {"temperature", w.temperature},
                       {"ignore_eos", w.ignore_eos},
                       {"seed", w.seed}};
   if (w.exact_tail_tokens) c["exact_tail_tokens"] = *w.exact_tail_tokens;
   if (w.split_layer) c["split_layer"] = *w.split_layer;
   if (w.spec_pc_budget) c["spec_pc_budget"] = *w.spec_pc_budget;
+  if (w.spec_kv_budget) c["spec_kv_budget"] = *w.spec_kv_budget;
   for (PrefillKind kind : kPrefillKinds) {
     c["mode_share"][PrefillKindName(kind)] = w.mode_share[static_cast<int>(kind)];
   }
@@ -206,11 +213,12 @@ absl::StatusOr<WorkloadOptions> BuildWorkload() {
     }
     RS_ASSIGN_OR_RETURN(w.mode_share, ParseModeShare(mix));
   } else {
-    w.mode_share = {1 - ridgefill_share, ridgefill_share, 0};
+    w.mode_share = {1 - ridgefill_share, ridgefill_share, 0, 0};
   }
   w.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
   w.split_layer = absl::GetFlag(FLAGS_split_layer);
   w.spec_pc_budget = absl::GetFlag(FLAGS_spec_pc_budget);
+  w.spec_kv_budget = absl::GetFlag(FLAGS_spec_kv_budget);
   w.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
   w.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   w.seed = absl::GetFlag(FLAGS_seed);

@@ -111,6 +111,7 @@ json ToJson(const RequestRecord& r) {
           {"server_prompt_tokens", r.server_prompt_tokens},
           {"server_filled_prompt_tokens", r.server_filled_prompt_tokens},
           {"server_kept_prompt_tokens", r.server_kept_prompt_tokens},
+          {"server_kept_kv_tokens", r.server_kept_kv_tokens},
           {"max_new_tokens", r.max_new_tokens},
           {"output_tokens", r.output_tokens},
           {"finish_reason", r.finish_reason},
@@ -191,9 +192,9 @@ absl::Status WriteCsv(const RunReport& report, const std::string& path) {
   std::ofstream f(path);
   if (!f) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
   f << "index,phase,request_id,mode,status,prompt_tokens,server_prompt_tokens,"
-       "server_filled_prompt_tokens,server_kept_prompt_tokens,max_new_tokens,output_tokens,"
-       "finish_reason,scheduled_at_s,"
-       "sent_at_s,ttft_s,tpot_s,itl_mean_s,itl_max_s,e2e_s,server_ttft_s,server_queue_s,"
+       "server_filled_prompt_tokens,server_kept_prompt_tokens,server_kept_kv_tokens,"
+       "max_new_tokens,output_tokens,finish_reason,scheduled_at_s,sent_at_s,ttft_s,tpot_s,itl_mean_"
+       "s,itl_max_s,e2e_s,server_ttft_s,server_queue_s,"
        "status_message\n";
   std::vector<const RequestRecord*> all = Pointers(report.phases);
   std::sort(all.begin(), all.end(),
@@ -203,12 +204,12 @@ absl::Status WriteCsv(const RunReport& report, const std::string& path) {
     const double itl_max =
         r->itl_s.empty() ? 0 : *std::max_element(r->itl_s.begin(), r->itl_s.end());
     f << absl::StrFormat(
-        "%d,%d,%s,%s,%s,%d,%d,%d,%d,%d,%d,%s,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n",
+        "%d,%d,%s,%s,%s,%d,%d,%d,%d,%d,%d,%d,%s,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f,%s\n",
         r->index, r->phase, CsvField(r->request_id), PrefillKindName(r->mode), r->status_name,
         r->prompt_tokens, r->server_prompt_tokens, r->server_filled_prompt_tokens,
-        r->server_kept_prompt_tokens, r->max_new_tokens, r->output_tokens, r->finish_reason,
-        r->scheduled_at_s, r->sent_at_s, r->ttft_s, r->tpot_s, itl.mean, itl_max, r->e2e_s,
-        r->server_ttft_s, r->server_queue_s, CsvField(r->status_message));
+        r->server_kept_prompt_tokens, r->server_kept_kv_tokens, r->max_new_tokens, r->output_tokens,
+        r->finish_reason, r->scheduled_at_s, r->sent_at_s, r->ttft_s, r->tpot_s, itl.mean, itl_max,
+        r->e2e_s, r->server_ttft_s, r->server_queue_s, CsvField(r->status_message));
   }
   if (!f) return absl::DataLossError(absl::StrCat("writing ", path, " failed"));
   return absl::OkStatus();

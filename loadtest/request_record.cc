@@ -8,6 +8,8 @@ const char* PrefillKindName(PrefillKind kind) {
       return "ridgefill";
     case PrefillKind::kSpecPc:
       return "spec_pc";
+    case PrefillKind::kSpecKv:
+      return "spec_kv";
     case PrefillKind::kExact:
       break;
   }

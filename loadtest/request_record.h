@@ -10,13 +10,14 @@
 
 namespace ridgeserve::loadtest {
 
-// The prefill modes a run mixes (PrefillOptions.mode EXACT, RIDGEFILL or SPEC_PC).
-enum class PrefillKind { kExact, kRidgeFill, kSpecPc };
-inline constexpr int kNumPrefillKinds = 3;
+// The prefill modes a run mixes (PrefillOptions.mode EXACT, RIDGEFILL, SPEC_PC or SPEC_KV).
+enum class PrefillKind { kExact, kRidgeFill, kSpecPc, kSpecKv };
+inline constexpr int kNumPrefillKinds = 4;
 inline constexpr PrefillKind kPrefillKinds[kNumPrefillKinds] = {
-    PrefillKind::kExact, PrefillKind::kRidgeFill, PrefillKind::kSpecPc};
+    PrefillKind::kExact, PrefillKind::kRidgeFill, PrefillKind::kSpecPc, PrefillKind::kSpecKv};
 
-// "exact", "ridgefill" or "spec_pc": the key used in the flags, JSON, CSV and tables.
+// "exact", "ridgefill", "spec_pc" or "spec_kv": the key used in the flags, JSON, CSV and
+// tables.
 const char* PrefillKindName(PrefillKind kind);
 
 struct RequestRecord {
@@ -45,6 +46,7 @@ struct RequestRecord {
   int32_t server_prompt_tokens = 0;
   int32_t server_filled_prompt_tokens = 0;
   int32_t server_kept_prompt_tokens = 0;  // SpecPC: prompt tokens the model prefilled
+  int32_t server_kept_kv_tokens = 0;      // SpecKV: KV entries kept per layer and KV head
   double server_ttft_s = 0;
   double server_queue_s = 0;
   std::string finish_reason;  // STOP, LENGTH, ... ; empty when none arrived

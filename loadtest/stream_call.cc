@@ -77,6 +77,7 @@ void StreamCall::OnReadDone(bool ok) {
     record_.server_prompt_tokens = response_.usage().prompt_tokens();
     record_.server_filled_prompt_tokens = response_.usage().filled_prompt_tokens();
     record_.server_kept_prompt_tokens = response_.usage().kept_prompt_tokens();
+    record_.server_kept_kv_tokens = response_.usage().kept_kv_tokens();
     record_.server_ttft_s = response_.timing().ttft_seconds();
     record_.server_queue_s = response_.timing().queue_seconds();
   }

@@ -122,8 +122,9 @@ absl::StatusOr<ModeShares> ParseModeShare(absl::string_view text) {
         std::find_if(std::begin(kPrefillKinds), std::end(kPrefillKinds),
                      [&kv](PrefillKind k) { return kv.first == PrefillKindName(k); });
     if (kind == std::end(kPrefillKinds)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--mode_share: \"", item, "\" is not MODE=SHARE with MODE exact, ridgefill or spec_pc"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--mode_share: \"", item,
+                       "\" is not MODE=SHARE with MODE exact, ridgefill, spec_pc or spec_kv"));
     }
     const int k = static_cast<int>(kind - std::begin(kPrefillKinds));
     if (named[k]) {
@@ -167,9 +168,11 @@ PrefillKind RequestFactory::NextMode() {
   if (mode_block_.empty()) {
     const int block = ModeBlock(options_.mode_share);
     const std::array<int, kNumPrefillKinds> counts = ModeCounts(options_.mode_share, block);
-    // RidgeFill, SpecPC, then exact before the shuffle: a RidgeFill-only mix is the one
-    // --ridgefill_share always gave for the same seed.
-    for (PrefillKind kind : {PrefillKind::kRidgeFill, PrefillKind::kSpecPc, PrefillKind::kExact}) {
+    // RidgeFill, SpecPC, SpecKV, then exact before the shuffle: a RidgeFill-only mix is the one
+    // --ridgefill_share always gave for the same seed, and a mix without SpecKV the one it gave
+    // before SpecKV was added.
+    for (PrefillKind kind : {PrefillKind::kRidgeFill, PrefillKind::kSpecPc, PrefillKind::kSpecKv,
+                             PrefillKind::kExact}) {
       mode_block_.insert(mode_block_.end(), counts[static_cast<int>(kind)], kind);
     }
     std::shuffle(mode_block_.begin(), mode_block_.end(), mode_rng_);
@@ -213,6 +216,9 @@ PlannedRequest RequestFactory::Next() {
   } else if (p.mode == PrefillKind::kSpecPc) {
     prefill.set_mode(v1::PrefillOptions::SPEC_PC);
     if (options_.spec_pc_budget) prefill.mutable_spec_pc()->set_budget(*options_.spec_pc_budget);
+  } else if (p.mode == PrefillKind::kSpecKv) {
+    prefill.set_mode(v1::PrefillOptions::SPEC_KV);
+    if (options_.spec_kv_budget) prefill.mutable_spec_kv()->set_budget(*options_.spec_kv_budget);
   } else {
     prefill.set_mode(v1::PrefillOptions::EXACT);
   }

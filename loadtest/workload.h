@@ -2,7 +2,7 @@
 // ids from the server's own Tokenize RPC, so prompt lengths are exact), output lengths from a
 // distribution, and a prefill mode per request from a seeded mix that is balanced in short
 // blocks (ridgefill 0.5: every pair of consecutive requests has one of each, in random order;
-// exact 0.5, ridgefill 0.25, spec_pc 0.25: every 4 requests have 2, 1 and 1).
+// exact 0.5, ridgefill 0.25, spec_pc 0.25: every 4 requests have 2, 1 and 1; spec_kv likewise).
 #ifndef RIDGESERVE_LOADTEST_WORKLOAD_H_
 #define RIDGESERVE_LOADTEST_WORKLOAD_H_
 
@@ -39,7 +39,7 @@ absl::StatusOr<TokenCorpus> LoadTokenCorpus(v1::Inference::Stub& stub, const std
 // The fraction of requests sent in each prefill mode, by PrefillKind; they sum to 1.
 using ModeShares = std::array<double, kNumPrefillKinds>;
 
-// "exact=0.5,ridgefill=0.25,spec_pc=0.25" (modes left out get 0): InvalidArgument naming
+// "exact=0.4,ridgefill=0.2,spec_pc=0.2,spec_kv=0.2" (modes left out get 0): InvalidArgument naming
 // --mode_share for an unknown or repeated mode, a share outside [0, 1] or shares not summing to 1.
 absl::StatusOr<ModeShares> ParseModeShare(absl::string_view text);
 
@@ -50,11 +50,12 @@ struct WorkloadOptions {
   // the model sees is then longer by the template (and the re-tokenized text can differ by a
   // few tokens), so lengths are approximate.
   bool chat = false;
-  ModeShares mode_share = {1, 0, 0};  // all exact
+  ModeShares mode_share = {1, 0, 0, 0};  // all exact
   // RIDGEFILL requests (unset: the server's defaults).
   std::optional<int32_t> exact_tail_tokens = std::nullopt;
   std::optional<int32_t> split_layer = std::nullopt;
   std::optional<int32_t> spec_pc_budget = std::nullopt;  // SPEC_PC requests
+  std::optional<int32_t> spec_kv_budget = std::nullopt;  // SPEC_KV requests
   float temperature = 0;
   bool ignore_eos = true;  // so every request decodes exactly its output length
   uint64_t seed = 0;

@@ -177,12 +177,16 @@ TEST(Stats, SummaryCountsGoodputAndErrorsByMode) {
 TEST(ModeShare, ParsesModesAndRejectsBadMixesNamingTheFlag) {
   absl::StatusOr<ModeShares> mix = ParseModeShare("exact=0.5,ridgefill=0.25,spec_pc=0.25");
   ASSERT_TRUE(mix.ok()) << mix.status();
-  EXPECT_EQ(*mix, (ModeShares{0.5, 0.25, 0.25}));
+  EXPECT_EQ(*mix, (ModeShares{0.5, 0.25, 0.25, 0}));
   mix = ParseModeShare("spec_pc=1");
   ASSERT_TRUE(mix.ok()) << mix.status();
-  EXPECT_EQ(*mix, (ModeShares{0, 0, 1}));
-  for (const char* bad : {"", "exact", "exact=0.5", "exact=0.5,spec_pc=0.6", "exact=2,spec_pc=-1",
-                          "speckv=1", "exact=0.5,exact=0.5", "exact=half,spec_pc=0.5"}) {
+  EXPECT_EQ(*mix, (ModeShares{0, 0, 1, 0}));
+  mix = ParseModeShare("spec_kv=0.2,exact=0.4,spec_pc=0.2,ridgefill=0.2");
+  ASSERT_TRUE(mix.ok()) << mix.status();
+  EXPECT_EQ(*mix, (ModeShares{0.4, 0.2, 0.2, 0.2}));
+  for (const char* bad :
+       {"", "exact", "exact=0.5", "exact=0.5,spec_pc=0.6", "exact=2,spec_pc=-1", "speckv=1",
+        "exact=0.5,exact=0.5", "exact=half,spec_pc=0.5", "spec_kv=0.5,spec_kv=0.5"}) {
     absl::StatusOr<ModeShares> refused = ParseModeShare(bad);
     EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(refused.status().message().find("--mode_share"), std::string::npos)
@@ -199,6 +203,7 @@ std::vector<PrefillKind> Modes(const ModeShares& shares, int n, uint64_t seed) {
                           .output_tokens = *LengthDistribution::Parse("o", "fixed:4", 1)};
   options.mode_share = shares;
   options.spec_pc_budget = 96;
+  options.spec_kv_budget = 128;
   options.seed = seed;
   absl::StatusOr<RequestFactory> factory = RequestFactory::Create(options, corpus);
   EXPECT_TRUE(factory.ok()) << factory.status();
@@ -217,6 +222,10 @@ std::vector<PrefillKind> Modes(const ModeShares& shares, int n, uint64_t seed) {
         EXPECT_EQ(prefill.mode(), v1::PrefillOptions::SPEC_PC);
         EXPECT_EQ(prefill.spec_pc().budget(), 96);
         break;
+      case PrefillKind::kSpecKv:
+        EXPECT_EQ(prefill.mode(), v1::PrefillOptions::SPEC_KV);
+        EXPECT_EQ(prefill.spec_kv().budget(), 128);
+        break;
     }
     modes.push_back(p.mode);
   }
@@ -224,7 +233,7 @@ std::vector<PrefillKind> Modes(const ModeShares& shares, int n, uint64_t seed) {
 }
 
 TEST(ModeShare, EveryBlockHoldsTheSharesExactly) {
-  const std::vector<PrefillKind> modes = Modes({0.5, 0.25, 0.25}, 40, 7);
+  const std::vector<PrefillKind> modes = Modes({0.5, 0.25, 0.25, 0}, 40, 7);
   for (size_t block = 0; block < modes.size(); block += 4) {
     std::map<PrefillKind, int> count;
     for (size_t i = block; i < block + 4; ++i) ++count[modes[i]];
@@ -232,11 +241,21 @@ TEST(ModeShare, EveryBlockHoldsTheSharesExactly) {
     EXPECT_EQ(count[PrefillKind::kRidgeFill], 1) << "block at " << block;
     EXPECT_EQ(count[PrefillKind::kSpecPc], 1) << "block at " << block;
   }
-  EXPECT_EQ(modes, Modes({0.5, 0.25, 0.25}, 40, 7));  // seeded
-  EXPECT_NE(modes, Modes({0.5, 0.25, 0.25}, 40, 8));
+  EXPECT_EQ(modes, Modes({0.5, 0.25, 0.25, 0}, 40, 7));  // seeded
+  EXPECT_NE(modes, Modes({0.5, 0.25, 0.25, 0}, 40, 8));
+  // All four modes: every 5 requests have 2 exact and one of each other.
+  const std::vector<PrefillKind> four = Modes({0.4, 0.2, 0.2, 0.2}, 40, 3);
+  for (size_t block = 0; block < four.size(); block += 5) {
+    std::map<PrefillKind, int> count;
+    for (size_t i = block; i < block + 5; ++i) ++count[four[i]];
+    EXPECT_EQ(count[PrefillKind::kExact], 2) << "block at " << block;
+    for (PrefillKind kind : {PrefillKind::kRidgeFill, PrefillKind::kSpecPc, PrefillKind::kSpecKv}) {
+      EXPECT_EQ(count[kind], 1) << PrefillKindName(kind) << " in the block at " << block;
+    }
+  }
   // Shares no block under 20 holds: blocks of 20 with the shares rounded (9, 5.5 and 5.5: the
   // left-over request to the largest remainder, the lower mode on a tie).
-  const std::vector<PrefillKind> rounded = Modes({0.45, 0.275, 0.275}, 20, 1);
+  const std::vector<PrefillKind> rounded = Modes({0.45, 0.275, 0.275, 0}, 20, 1);
   std::map<PrefillKind, int> count;
   for (PrefillKind kind : rounded) ++count[kind];
   EXPECT_EQ(count[PrefillKind::kExact], 9);

@@ -1,8 +1,8 @@
 """ridgeserve-loadtest against the real server on loopback, in every arrival mode.
 
-One server (default model, RidgeFill maps, the self:8 SpecPC draft) runs closed, poisson, gamma,
-a 2-rate sweep, a RidgeFill mix (--ridgefill_share) and a three-mode mix (--mode_share); a second
-one with a queue of 1 takes a burst. Each run's JSON is checked:
+One server (default model, RidgeFill maps, the self:8 SpecPC / SpecKV draft) runs closed,
+poisson, gamma, a 2-rate sweep, a RidgeFill mix (--ridgefill_share) and a four-mode mix
+(--mode_share); a second one with a queue of 1 takes a burst. Each run's JSON is checked:
   * the request count is what was configured, every prompt has the asked length (token_ids
     slices of real text) and every output the asked length (ignore_eos);
   * TTFT, TPOT, ITL and E2E percentiles are positive and ordered (p50 <= p90 <= p95 <= p99);
@@ -11,8 +11,9 @@ one with a queue of 1 takes a burst. Each run's JSON is checked:
     rejections): the client and server agree on every call;
   * under a burst the rejections are reported by code (RESOURCE_EXHAUSTED);
   * the prefill mix sends both modes, half each, and RIDGEFILL requests filled prompt rows;
-    exact=0.5,ridgefill=0.25,spec_pc=0.25 sends 4, 2 and 2 of 8, SPEC_PC requests kept
-    --spec_pc_budget tokens, and the server counted each mode so;
+    exact=0.4,ridgefill=0.2,spec_pc=0.2,spec_kv=0.2 sends 4, 2, 2 and 2 of 10, SPEC_PC
+    requests kept --spec_pc_budget tokens, SPEC_KV ones --spec_kv_budget KV entries, and the
+    server counted each mode so;
   * CSV has one row per request; --plot never fails the run; a remote target is refused.
 """
 
@@ -234,21 +235,24 @@ def main():
                 expect(sorted([rf, ex]) == [3, 4],
                        f"mix: server counted {rf} ridgefill and {ex} exact requests")
 
-            def three_mode_mix():
+            def four_mode_mix():
                 before = metrics(srv)
                 report, _ = run_loadtest(srv, tmp, "modes", "--text", TEXT,
                                          "--prompt_tokens=256", "--output_tokens=8",
                                          "--arrival=closed", "--concurrency=2",
-                                         "--num_requests=8",
-                                         "--mode_share=exact=0.5,ridgefill=0.25,spec_pc=0.25",
-                                         "--exact_tail_tokens=16", "--spec_pc_budget=96",
+                                         "--num_requests=10",
+                                         "--mode_share=exact=0.4,ridgefill=0.2,spec_pc=0.2,"
+                                         "spec_kv=0.2", "--exact_tail_tokens=16",
+                                         "--spec_pc_budget=96", "--spec_kv_budget=64",
                                          "--warmup_requests=0", "--seed=3")
                 after = metrics(srv)
                 summary = report["summary"]
                 expect_eq(summary["all"]["num_errors"], 0, "modes: errors")
                 expect_eq(report["config"]["mode_share"],
-                          {"exact": 0.5, "ridgefill": 0.25, "spec_pc": 0.25}, "modes: config")
-                want = {"exact": 4, "ridgefill": 2, "spec_pc": 2}
+                          {"exact": 0.4, "ridgefill": 0.2, "spec_pc": 0.2, "spec_kv": 0.2},
+                          "modes: config")
+                expect_eq(report["config"]["spec_kv_budget"], 64, "modes: config budget")
+                want = {"exact": 4, "ridgefill": 2, "spec_pc": 2, "spec_kv": 2}
                 for mode, n in want.items():
                     expect_eq(summary[mode]["num_requests"], n, f"modes: {mode} requests")
                     check_ordered(summary[mode], f"modes {mode}")
@@ -258,6 +262,9 @@ def main():
                     expect_eq(r["server_prompt_tokens"], 256, "modes: prompt length")
                     kept = {"spec_pc": 96}.get(r["mode"], 256)
                     expect_eq(r["server_kept_prompt_tokens"], kept, f"modes: {r['mode']} kept")
+                    kept_kv = {"spec_kv": 64}.get(r["mode"], 256)
+                    expect_eq(r["server_kept_kv_tokens"], kept_kv,
+                              f"modes: {r['mode']} kept KV entries")
                     expect_eq(r["server_filled_prompt_tokens"] > 0, r["mode"] == "ridgefill",
                               f"modes: {r['mode']} filled rows")
                 check_server_counted(before, after, report, "modes")
@@ -274,7 +281,7 @@ def main():
             checks.run("sweep over 2 rates, plot", sweep)
             checks.run("duration bound", duration_bound)
             checks.run("prefill mix exact/ridgefill", ridgefill_mix)
-            checks.run("prefill mix exact/ridgefill/spec_pc", three_mode_mix)
+            checks.run("prefill mix exact/ridgefill/spec_pc/spec_kv", four_mode_mix)
             checks.run("non-loopback target refused", remote_refused)
 
         with Server("--max_running_requests=1", "--max_queued_requests=1",
