@@ -6,8 +6,10 @@
 //   logits        --model M (--text FILE | --token_ids 1,2,3) --out FILE [--chunk N]
 //   ttft          --model M --maps F --lengths 2048,4096 --exact_tail_tokens T
 //                 [--split_layer S] [--text FILE] [--repetitions R] [--chunk N]
+//                 [--draft_model self:8 [--spec_pc_budgets C,..] [--spec_kv_budgets C,..]]
 //                 exact vs RidgeFill prefill time (to the first token's logits), alternated in
-//                 one process, min over R repetitions each; every split in F unless S is given.
+//                 one process, min over R repetitions each; every split in F unless S is given;
+//                 with drafts also exact vs SpecPC and SpecKV ("spec_pc", "spec_kv")
 //   needle        --model M --maps F --haystack FILE --lengths 2048,4096 --depths 0.1,0.5,0.9
 //                 --trials N [--exact_tail_tokens T] [--split_layer S]
 //                 passkey retrieval from the filled region, exact vs RidgeFill (eval_ridgefill.h)
@@ -449,6 +451,15 @@ class Eval {
     o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
     RS_ASSIGN_OR_RETURN(Json out, RunTtft(*model_, o));
     model_->llama->SetRidgeFillMaps(nullptr);
+    // With drafts, SpecPC's and SpecKV's times on the same prompts.
+    RS_ASSIGN_OR_RETURN(const SpecPcEvalOptions spec_pc, SpecPcFlags());
+    RS_ASSIGN_OR_RETURN(const SpecKvEvalOptions spec_kv, SpecKvFlags());
+    if (!spec_pc.drafts.empty()) {
+      RS_ASSIGN_OR_RETURN(out["spec_pc"], RunSpecPcTtft(*model_, spec_pc, o));
+    }
+    if (!spec_kv.drafts.empty()) {
+      RS_ASSIGN_OR_RETURN(out["spec_kv"], RunSpecKvTtft(*model_, spec_kv, o));
+    }
     return out;
   }
 
@@ -592,7 +603,7 @@ class Eval {
   absl::StatusOr<std::vector<const DraftModel*>> Drafts() {
     if (absl::GetFlag(FLAGS_draft_model).empty()) {
       return absl::InvalidArgumentError(
-          "pareto: --spec_pc_budgets and --spec_kv_budgets need --draft_model");
+          "--spec_pc_budgets and --spec_kv_budgets need --draft_model");
     }
     if (drafts_.empty()) {
       for (absl::string_view spec : absl::StrSplit(absl::GetFlag(FLAGS_draft_model), ',')) {
