@@ -375,6 +375,12 @@ def check_sighup(srv, tokens):
     served(ch, bearer(TOKEN_C), "the token in use after a refused reload")
     write(tokens, f"{TOKEN_A}\n{TOKEN_B}\n")
     srv.send_signal(signal.SIGHUP)
+    # The next checks use TOKEN_A: wait until the reload has happened (it runs on its own
+    # thread; under load it can take longer than the next check takes to start).
+    deadline = time.monotonic() + 20
+    while call_code(lambda: generate(ch, bearer(TOKEN_A)))[0] != SC.OK:
+        expect(time.monotonic() < deadline, "the restored token not accepted 20 s after SIGHUP")
+        time.sleep(0.2)
 
 
 def check_limits(srv):
