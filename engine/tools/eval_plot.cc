@@ -19,7 +19,8 @@ using Json = nlohmann::json;
 // One marker: a method's setting at one prompt length (and tail, when several were run).
 struct Marker {
   std::string title;
-  int point_type = 7;  // gnuplot's: 3 asterisk (exact), 7 disc (RidgeFill), 5 square (SpecPC)
+  // gnuplot's: 3 asterisk (exact), 7 disc (RidgeFill), 5 square (SpecPC), 9 triangle (SpecKV)
+  int point_type = 7;
   double speedup = 1;
   double needle_accuracy = 0;
   Json distant_nll;  // null without distant-dependent tokens
@@ -58,9 +59,10 @@ std::vector<Marker> Markers(const Json& points) {
                              p["exact_tail_tokens"].get<int>(), where(p, false));
       m.point_type = 7;
     } else {
-      m.title = absl::StrCat("SpecPC ", p["draft_model"].get<std::string>(),
+      const bool kv = method == "spec_kv";
+      m.title = absl::StrCat(kv ? "SpecKV " : "SpecPC ", p["draft_model"].get<std::string>(),
                              ", C = ", p["budget"].get<int>(), where(p, true));
-      m.point_type = 5;
+      m.point_type = kv ? 9 : 5;
     }
     m.speedup = p["speedup"].get<double>();
     m.needle_accuracy = p[absl::StrCat("needle_", method, "_accuracy")].get<double>();
