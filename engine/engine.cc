@@ -656,7 +656,7 @@ void Engine::Impl::CompactKv(SchedRequest& r, Live& l) {
     ReadSequenceKv(*cache, backend, r.blocks, layer, T, keys, values);
     const std::vector<std::vector<int32_t>> kept =
         SelectSpecKvLayer(c, queries, positions, keys, P, l.spec_kv);
-    CompactKvLayer(*cache, backend, r.blocks, layer, kept);
+    CompactKvLayer(*cache, backend, r.blocks, layer, kept, keys, values);
     // The scheduler's tokens for the kept places (they never run again): layer 0's first head.
     if (layer == 0) {
       for (int32_t p : kept.front()) tokens.push_back(l.prompt_ids[p]);

@@ -48,14 +48,11 @@ std::vector<std::vector<int32_t>> SelectSpecKvLayer(const ModelConfig& config,
 }
 
 void CompactKvLayer(PagedKvCache& cache, Backend& backend, std::span<const int32_t> blocks,
-                    int32_t layer, const std::vector<std::vector<int32_t>>& kept) {
+                    int32_t layer, const std::vector<std::vector<int32_t>>& kept,
+                    std::span<const float> keys, std::span<const float> values) {
   const KvCacheShape& s = cache.shape();
   const size_t d = s.head_dim, kv_dim = static_cast<size_t>(s.num_kv_heads) * d;
   const int32_t budget = static_cast<int32_t>(kept.front().size());
-  int32_t count = 0;  // places read: up to the last kept position
-  for (const std::vector<int32_t>& head : kept) count = std::max(count, head.back() + 1);
-  std::vector<float> keys, values;
-  ReadSequenceKv(cache, backend, blocks, layer, count, keys, values);
   std::vector<float> k(budget * kv_dim), v(budget * kv_dim);
   for (size_t g = 0; g < kept.size(); ++g) {
     for (int32_t i = 0; i < budget; ++i) {
@@ -180,7 +177,7 @@ absl::Status SpecKvSequence::Prefill(LlamaModel& draft, int32_t draft_layers,
   for (int32_t l = 0; l < c.num_layers; ++l) {
     ReadSequenceKv(*cache_, target_.backend(), table_.blocks(), l, T, keys, values);
     kept_.push_back(SelectSpecKvLayer(c, queries[l], query_positions, keys, P, params));
-    CompactKvLayer(*cache_, target_.backend(), table_.blocks(), l, kept_.back());
+    CompactKvLayer(*cache_, target_.backend(), table_.blocks(), l, kept_.back(), keys, values);
   }
   places_ = params.budget;
   next_position_ = P;

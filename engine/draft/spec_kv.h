@@ -47,9 +47,11 @@ std::vector<std::vector<int32_t>> SelectSpecKvLayer(const ModelConfig& config,
                                                     const SpecKvParams& params);
 
 // Moves layer l's kept entries (kept[g] for KV head g) of the sequence at `blocks` to its cache
-// places 0..budget-1, in order (lossless: entries are copied as stored).
+// places 0..budget-1, in order. `keys` / `values` are that layer's entries as ReadSequenceKv read
+// them (f16 / bf16 widen to f32 exactly, so writing them back is lossless).
 void CompactKvLayer(PagedKvCache& cache, Backend& backend, std::span<const int32_t> blocks,
-                    int32_t layer, const std::vector<std::vector<int32_t>>& kept);
+                    int32_t layer, const std::vector<std::vector<int32_t>>& kept,
+                    std::span<const float> keys, std::span<const float> values);
 
 // One SpecKV sequence outside the engine (offline tools, tests): the draft's lookahead, the
 // target's prefill of prompt + lookahead, selection and compaction, then decoding over the

@@ -38,8 +38,8 @@ std::vector<int32_t> SpecPcScorer::layers() const {
 void SpecPcScorer::SetQuery(int32_t position, int32_t layer_index, std::span<const float> q) {
   const size_t q_dim = static_cast<size_t>(config_.num_heads) * config_.head_dim;
   const size_t row = position - (prompt_tokens_ - params_.window);
-  std::copy(q.begin(), q.begin() + q_dim,
-            queries_.begin() + (row * layers().size() + layer_index) * q_dim);
+  const size_t scored = params_.num_layers - params_.first_layer;
+  std::copy(q.begin(), q.begin() + q_dim, queries_.begin() + (row * scored + layer_index) * q_dim);
 }
 
 std::vector<float> SpecPcScorer::Scores(const PagedKvCache& cache, Backend& backend,

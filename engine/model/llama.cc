@@ -175,7 +175,8 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   ForwardBatch reordered;
   std::vector<FillGroup> groups;
   int32_t num_exact = n;
-  std::vector<int32_t> order;  // input row of each reordered row
+  std::vector<int32_t> order;      // input row of each reordered row
+  std::vector<int32_t> new_index;  // reordered row of each input row
   if (any_fill) {
     if ((capture != nullptr && !capture->depths.empty()) || num_layers != config_.num_layers) {
       return absl::InvalidArgumentError(
@@ -200,7 +201,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return key(a) > key(b); });
     const RidgeFillMaps* group_maps = nullptr;
-    std::vector<int32_t> new_index(n);
+    new_index.resize(n);
     reordered.block_table_offsets = input.block_table_offsets;
     reordered.block_tables = input.block_tables;
     for (int32_t i = 0; i < n; ++i) {
@@ -246,10 +247,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
         return absl::InvalidArgumentError(
             absl::StrCat("forward: capture query row ", r, " is not an exact row"));
       }
-      query_rows.push_back(any_fill ? static_cast<int32_t>(std::find(order.begin(), order.end(),
-                                                                       r) -
-                                                             order.begin())
-                                    : r);
+      query_rows.push_back(any_fill ? new_index[r] : r);
     }
   }
 
