@@ -24,7 +24,8 @@
 //                 --tails 512,1024,2048 [--trials N] [--depths ...] [--repetitions R]
 //                 [--draft_model self:8,self:12 [--spec_pc_budgets 1024,2048]
 //                 [--spec_kv_budgets 256,512,1024] [--spec_pc_lookahead_tokens L]
-//                 [--spec_kv_lookahead_tokens L] [--spec_kernel N]] [--plot FILE.png]
+//                 [--spec_kv_lookahead_tokens L] [--spec_kernel N]
+//                 [--spec_pc_original_positions]] [--plot FILE.png]
 //                 ttft, needle, distant-loss and KV bytes per RidgeFill (split, tail) and, with
 //                 drafts, per SpecPC and SpecKV (draft, budget) on the same prompts; Pareto-optimal
 //                 points marked over all methods (eval_pareto.h); --plot draws speedup against
@@ -125,6 +126,9 @@ ABSL_FLAG(std::string, tails, "512,1024,2048", "pareto: exact tail lengths to ev
 ABSL_FLAG(std::string, spec_pc_budgets, "",
           "pareto: SpecPC budgets (kept prompt tokens) per --draft_model (a comma list there)");
 ABSL_FLAG(int32_t, spec_pc_lookahead_tokens, 1, "pareto: SpecPC's draft lookahead tokens");
+ABSL_FLAG(bool, spec_pc_original_positions, false,
+          "pareto, ttft: SpecPC's kept tokens keep their prompt positions (as the server's "
+          "--spec_pc_original_positions) instead of being renumbered");
 ABSL_FLAG(std::string, spec_kv_budgets, "",
           "pareto: SpecKV budgets (KV entries kept per layer and head) per --draft_model");
 ABSL_FLAG(int32_t, spec_kv_lookahead_tokens, 64,
@@ -585,6 +589,7 @@ class Eval {
     RS_ASSIGN_OR_RETURN(o.drafts, Drafts());
     o.lookahead_tokens = absl::GetFlag(FLAGS_spec_pc_lookahead_tokens);
     o.kernel = absl::GetFlag(FLAGS_spec_kernel);
+    o.original_positions = absl::GetFlag(FLAGS_spec_pc_original_positions);
     return o;
   }
 

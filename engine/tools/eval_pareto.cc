@@ -155,7 +155,7 @@ absl::StatusOr<Json> RunPareto(Model& model, const ParetoOptions& o) {
         add_rows("spec_pc", spec_ttft, needle_pc, distant_pc, tail, o.spec_pc.lookahead_tokens,
                  {"speedup", "exact_seconds", "spec_pc_seconds", "draft_seconds",
                   "target_prefill_seconds", "kept_tokens", "kv_bytes", "exact_kv_bytes",
-                  "draft_kv_bytes"});
+                  "draft_kv_bytes", "original_positions"});
       }
       if (spec_kv) {
         RS_ASSIGN_OR_RETURN(const Json needle_kv, RunSpecKvNeedle(model, o.spec_kv, n));

@@ -30,8 +30,9 @@ absl::StatusOr<double> PrefillTimer::Time(std::span<const int32_t> prompt,
 
 absl::StatusOr<std::string> GreedyAnswer(Model& model, std::span<const int32_t> prompt,
                                          const RidgeFillRun* fill, int32_t new_tokens,
-                                         int32_t chunk) {
+                                         int32_t chunk, std::span<const int32_t> rope_positions) {
   SequenceRunner runner(*model.llama, static_cast<int32_t>(prompt.size()) + new_tokens);
+  runner.SetRopePositions({rope_positions.begin(), rope_positions.end()});
   std::vector<float> logits;
   RS_RETURN_IF_ERROR(runner.Append(prompt, chunk, /*all_logits=*/false, logits, fill));
   std::vector<int32_t> out;
@@ -60,9 +61,11 @@ absl::Status AppendScored(Model& model, SequenceRunner& runner, std::span<const 
 }
 
 absl::StatusOr<std::vector<double>> ScoreFrom(Model& model, std::span<const int32_t> seq, int32_t r,
-                                              const RidgeFillRun* fill, int32_t chunk) {
+                                              const RidgeFillRun* fill, int32_t chunk,
+                                              std::span<const int32_t> rope_positions) {
   const int32_t n = static_cast<int32_t>(seq.size());
   SequenceRunner runner(*model.llama, n);
+  runner.SetRopePositions({rope_positions.begin(), rope_positions.end()});
   std::vector<float> logits;
   RS_RETURN_IF_ERROR(runner.Append(seq.subspan(0, r + 1), chunk, false, logits, fill));
   std::vector<double> nll = {Nll(logits.data(), model.config.vocab_size, seq[r + 1])};

@@ -41,9 +41,11 @@ class PrefillTimer {
 };
 
 // Prefills `prompt` (RidgeFill when `fill`) and greedily decodes `new_tokens` exact tokens.
+// `rope_positions`: SequenceRunner::SetRopePositions (empty: the places).
 absl::StatusOr<std::string> GreedyAnswer(Model& model, std::span<const int32_t> prompt,
                                          const RidgeFillRun* fill, int32_t new_tokens,
-                                         int32_t chunk);
+                                         int32_t chunk,
+                                         std::span<const int32_t> rope_positions = {});
 
 // Appends seq[runner.length() .. end) exactly, in pieces of `chunk` rows so the logits stay
 // small ([chunk, vocab]), and appends each appended row i's next-token NLL (of seq[i + 1]) to
@@ -53,9 +55,10 @@ absl::Status AppendScored(Model& model, SequenceRunner& runner, std::span<const 
 
 // Next-token NLLs of seq[r + 1 ..] given seq[.. r], ..., i.e. from rows r .. size - 2. Row r
 // and everything before it is one Append (RidgeFill when `fill`; row r itself must be exact),
-// the rest exact (AppendScored).
+// the rest exact (AppendScored). `rope_positions` as for GreedyAnswer.
 absl::StatusOr<std::vector<double>> ScoreFrom(Model& model, std::span<const int32_t> seq, int32_t r,
-                                              const RidgeFillRun* fill, int32_t chunk);
+                                              const RidgeFillRun* fill, int32_t chunk,
+                                              std::span<const int32_t> rope_positions = {});
 
 // NLLs of window[f + 1 ..] with the tail window[f ..] alone as context, behind the same BOS
 // (without it the first rows lack their attention sink and would look "distant-dependent" for

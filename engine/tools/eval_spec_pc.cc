@@ -50,6 +50,13 @@ std::vector<int32_t> Gather(std::span<const int32_t> prompt, const std::vector<i
   return out;
 }
 
+// The kept tokens' RoPE positions for SequenceRunner::SetRopePositions: their prompt
+// positions with original_positions, else none (renumbered).
+std::span<const int32_t> RopePositions(const SpecPcEvalOptions& o, const SpecPcDraftResult& phase) {
+  if (!o.original_positions) return {};
+  return phase.kept;
+}
+
 }  // namespace
 
 size_t KvBytesPerToken(const ModelConfig& c, int32_t layers, DType dtype) {
@@ -93,6 +100,7 @@ absl::StatusOr<Json> RunSpecPcTtft(Model& model, const SpecPcEvalOptions& sp, co
           length, s.draft->name, s.budget, exact, draft, target, kept);
       Json row = s.Describe();
       row.update({{"prompt_tokens", length},
+                  {"original_positions", sp.original_positions},
                   {"kept_tokens", kept},
                   {"exact_seconds", exact},
                   {"draft_seconds", draft},
@@ -118,7 +126,9 @@ absl::StatusOr<Json> RunSpecPcNeedle(Model& model, const SpecPcEvalOptions& sp,
   RS_ASSIGN_OR_RETURN(const std::vector<Setting> settings, Settings(sp));
   std::vector<NeedleVariant> variants;
   for (const Setting& s : settings) {
-    variants.push_back({s.Describe(), absl::StrCat("spec_pc_", s.draft->name, "_", s.budget)});
+    Json fields = s.Describe();
+    fields["original_positions"] = sp.original_positions;
+    variants.push_back({fields, absl::StrCat("spec_pc_", s.draft->name, "_", s.budget)});
   }
   RS_ASSIGN_OR_RETURN(
       const Json results,
@@ -128,7 +138,7 @@ absl::StatusOr<Json> RunSpecPcNeedle(Model& model, const SpecPcEvalOptions& sp,
                             const SpecPcDraftResult phase,
                             DraftPhase(model, sp, settings[v], prompt.tokens, o.chunk));
                         return GreedyAnswer(model, Gather(prompt.tokens, phase.kept), nullptr,
-                                            o.new_tokens, o.chunk);
+                                            o.new_tokens, o.chunk, RopePositions(sp, phase));
                       }));
   return Json{{"results", results}, {"new_tokens", o.new_tokens}};
 }
@@ -152,7 +162,7 @@ absl::StatusOr<Json> RunSpecPcDistantLoss(Model& model, const SpecPcEvalOptions&
       seq.insert(seq.end(), window.begin() + f, window.end());
       // Row c holds window[f]: the targets are window[f + 1 ..], as for exact.
       RS_ASSIGN_OR_RETURN(const std::vector<double> nll,
-                          ScoreFrom(model, seq, c, nullptr, o.chunk));
+                          ScoreFrom(model, seq, c, nullptr, o.chunk, RopePositions(sp, phase)));
       tally.AddVariant(s, nll);
       kept[s] = c;
     }
@@ -164,6 +174,7 @@ absl::StatusOr<Json> RunSpecPcDistantLoss(Model& model, const SpecPcEvalOptions&
     Json row = tally.Summary(s, "spec_pc_nll");
     row.update(settings[s].Describe());
     row["kept_tokens"] = kept[s];
+    row["original_positions"] = sp.original_positions;
     results.push_back(row);
   }
   return Json{{"results", results},

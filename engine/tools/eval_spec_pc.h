@@ -2,7 +2,8 @@
 // against SpecPC on exactly the prompts of the RidgeFill evaluations (eval_prompts.h). SpecPC
 // of a prompt of P tokens: the draft phase (RunSpecPcDraft, engine/draft/spec_pc.h) keeps
 // C = min(budget, P) positions; the target then prefills the kept tokens as an ordinary prompt
-// (positions renumbered 0..C-1) and decodes from there. A budget >= P keeps every token without
+// (positions renumbered 0..C-1, or kept: SpecPcEvalOptions::original_positions) and decodes
+// from there. Every result row has "original_positions". A budget >= P keeps every token without
 // running the draft, which reproduces exact.
 //   ttft: the ttft prompt's exact prefill (to the first token's logits) against SpecPC's time
 //     = the draft phase + the target's prefill of the kept tokens, alternated in one process;
@@ -43,6 +44,10 @@ struct SpecPcEvalOptions {
   std::vector<int32_t> budgets;           // kept prompt tokens, each >= kSpecPcMinBudget
   int32_t lookahead_tokens = 1;
   int32_t kernel = 0;  // pooling / neighbour width; 0 = DefaultSpecPcParams'
+  // The kept tokens keep their prompt positions (RoPE), and what follows them (the tail, the
+  // answer) continues after the prompt, as the server's --spec_pc_original_positions; else
+  // they are renumbered 0..C-1. The prefill costs the same either way.
+  bool original_positions = false;
 };
 
 // K plus V bytes of one token in `layers` layers of a model shaped like `config`.

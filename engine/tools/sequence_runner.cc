@@ -77,6 +77,13 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
       }
     }
     if (all_logits) batch.RequestAllLogits();
+    if (!rope_positions_.empty()) {
+      const auto mapped = static_cast<int32_t>(rope_positions_.size());
+      for (int32_t place : batch.positions) {
+        batch.rope_positions.push_back(
+            place < mapped ? rope_positions_[place] : rope_positions_.back() + 1 + place - mapped);
+      }
+    }
     ForwardProfile profile;
     ForwardProfile* wanted = fill != nullptr ? &profile : nullptr;
     RS_RETURN_IF_ERROR(executor_ != nullptr
@@ -108,6 +115,7 @@ void SequenceRunner::Truncate(int32_t length) {
 void SequenceRunner::Reset() {
   if (!caches_.empty()) table_.Release(caches_.front()->pool());
   length_ = 0;
+  rope_positions_.clear();
 }
 
 }  // namespace ridgeserve

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -40,6 +41,11 @@ class SequenceRunner {
   SequenceRunner(const Model& model, int32_t max_tokens, int32_t block_size = 16);
   ~SequenceRunner();
 
+  // RoPE positions of the cache places: place i < positions.size() runs at positions[i], a
+  // later place at positions.back() + 1 + (i - positions.size()); empty (and after Reset):
+  // each place at its own index. SpecPC with original positions gathers the kept tokens to
+  // places 0.. at their prompt positions, and what follows continues after the prompt.
+  void SetRopePositions(std::vector<int32_t> positions) { rope_positions_ = std::move(positions); }
   // Appends `tokens` in forward passes of at most `chunk` rows. `logits` receives the logits
   // of every appended row ([tokens, vocab]) when all_logits, else of the last one ([vocab]).
   // With `fill` (RidgeFill), all_logits must be false and the last token must be exact.
@@ -73,6 +79,7 @@ class SequenceRunner {
   int32_t length_ = 0;
   double estimated_saved_seconds_ = 0;
   int32_t promoted_rows_ = 0;
+  std::vector<int32_t> rope_positions_;  // SetRopePositions
   std::vector<float> chunk_logits_;
 };
 

@@ -2,6 +2,12 @@
 // bitwise the same alone, split into prefill chunks, and batched with other sequences (some
 // prefilling, some decoding).
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <utility>
+#include <vector>
+
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
 #include "tests/engine/default_model_fixture.h"
@@ -60,6 +66,48 @@ TEST_F(ForwardTest, BatchedSequencesMatchEachAlone) {
   ASSERT_TRUE(model_->llama->Forward(step2, cache, logits).ok());
   EXPECT_TRUE(std::equal(logits.begin(), logits.begin() + vocab, b_alone.begin() + 39 * vocab));
   EXPECT_TRUE(std::equal(logits.begin() + vocab, logits.end(), a_alone.begin() + 89 * vocab));
+}
+
+// The logits of `tokens` (all rows of one prefill, then the last row of each one-token append
+// of `more`) with the runner's RoPE positions set to `rope` (SequenceRunner::SetRopePositions).
+std::vector<float> RunWithRope(LlamaModel& model, const std::vector<int32_t>& tokens,
+                               const std::vector<int32_t>& more, std::vector<int32_t> rope) {
+  SequenceRunner runner(model, static_cast<int32_t>(tokens.size() + more.size()));
+  runner.SetRopePositions(std::move(rope));
+  std::vector<float> all, logits;
+  EXPECT_TRUE(runner.Append(tokens, 16, /*all_logits=*/true, all).ok());
+  for (int32_t t : more) {
+    EXPECT_TRUE(runner.Append(std::span(&t, 1), 1, false, logits).ok());
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  float d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d = std::max(d, std::abs(a[i] - b[i]));
+  return d;
+}
+
+// SpecPC with original positions runs tokens at RoPE positions other than their cache places.
+// RoPE sees only position differences, so shifting every position (the prefill's and the
+// appends' after it) leaves the logits equal up to the rounding of larger angles, while a gap
+// in the positions changes them.
+TEST_F(ForwardTest, RopePositionsShiftTheAttentionAsRelativePositions) {
+  const std::vector<int32_t> tokens = RandomTokens(40, 5);
+  const std::vector<int32_t> more = RandomTokens(3, 6);
+  std::vector<int32_t> shifted(tokens.size()), gap(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    shifted[i] = static_cast<int32_t>(i) + 700;
+    gap[i] = static_cast<int32_t>(i < 20 ? i : i + 500);
+  }
+  const std::vector<float> plain = RunWithRope(*model_->llama, tokens, more, {});
+  const float shift_diff = MaxAbsDiff(plain, RunWithRope(*model_->llama, tokens, more, shifted));
+  const float gap_diff = MaxAbsDiff(plain, RunWithRope(*model_->llama, tokens, more, gap));
+  EXPECT_LT(shift_diff, 1e-3f);  // measured 7.5e-5
+  EXPECT_GT(gap_diff, 1.0f);     // measured 11.5
+  std::printf("max |logit difference|: shifted by 700 %.3g, gap of 500 %.3g\n", shift_diff,
+              gap_diff);
 }
 
 TEST_F(ForwardTest, RejectsTokenOutsideVocabulary) {

@@ -7,6 +7,8 @@
 // are checked against NumPy in tests/model/specpc_reference_test.py and speckv_reference_test.py.
 #include <future>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "engine/draft/spec_kv.h"
 #include "engine/draft/spec_pc.h"
@@ -48,8 +50,11 @@ class SpecPcEngineTest : public DefaultModelTest {
   }
 
   // Greedy tokens of a plain one-sequence loop over `prompt`.
-  static std::vector<int32_t> Decode(const std::vector<int32_t>& prompt, int max_new) {
+  // Greedy tokens after `prompt`; `rope`: SequenceRunner::SetRopePositions.
+  static std::vector<int32_t> Decode(const std::vector<int32_t>& prompt, int max_new,
+                                     std::vector<int32_t> rope = {}) {
     SequenceRunner runner(*model_->llama, static_cast<int32_t>(prompt.size()) + max_new);
+    runner.SetRopePositions(std::move(rope));
     std::vector<float> logits;
     EXPECT_TRUE(runner.Append(prompt, 512, false, logits).ok());
     std::vector<int32_t> out;
@@ -65,9 +70,11 @@ class SpecPcEngineTest : public DefaultModelTest {
   }
 
   // What the engine must produce for a SpecPC request: the offline draft's kept tokens,
-  // decoded exactly.
+  // decoded exactly (at their prompt positions, the rest after the prompt, with
+  // original_positions).
   static std::vector<int32_t> Expected(const std::vector<int32_t>& prompt, int32_t budget,
-                                       int32_t lookahead, int max_new) {
+                                       int32_t lookahead, int max_new,
+                                       bool original_positions = false) {
     auto draft = RunSpecPcDraft(*draft_->llama, Params(budget, lookahead), prompt, 512,
                                 model_->llama->kv_cache_dtype());
     EXPECT_TRUE(draft.ok()) << draft.status();
@@ -75,7 +82,7 @@ class SpecPcEngineTest : public DefaultModelTest {
               std::min<int32_t>(budget, static_cast<int32_t>(prompt.size())));
     std::vector<int32_t> compressed;
     for (int32_t p : draft->kept) compressed.push_back(prompt[p]);
-    return Decode(compressed, max_new);
+    return Decode(compressed, max_new, original_positions ? draft->kept : std::vector<int32_t>{});
   }
 
   // What the engine must produce for a SpecKV request: the one-sequence SpecKV decode.
@@ -229,8 +236,9 @@ TEST_F(SpecPcEngineTest, OriginalPositionsAreBatchInvariant) {
   ASSERT_TRUE(alone.status.ok()) << alone.status;
   EXPECT_EQ(alone.kept_prompt_tokens, 96);
   EXPECT_EQ(run(3)[0].tokens, alone.tokens);
-  // Renumbered positions are what the reference does; original positions must differ from it
-  // (else the RoPE positions were not applied).
+  // The offline run of the same definition (SequenceRunner's RoPE positions), and not the
+  // renumbered one the reference does (else the positions were not applied).
+  EXPECT_EQ(alone.tokens, Expected(prompt, 96, 1, 12, /*original_positions=*/true));
   EXPECT_NE(alone.tokens, Expected(prompt, 96, 1, 12));
 }
 

@@ -125,8 +125,10 @@ def check_spec_pc_pareto(evalbin, common, tmp):
             "needle_trials", "needle_exact_accuracy", "needle_spec_pc_accuracy",
             "distant_tokens", "distant_exact_nll", "distant_spec_pc_nll", "distant_nll_increase",
             "all_exact_nll", "all_spec_pc_nll", "all_nll_increase", "meets_target",
-            "pareto_optimal")
+            "pareto_optimal", "original_positions")
     expect(all(all(k in q for k in keys) for q in spc), f"spec-pc pareto: every point has {keys}")
+    expect(all(q.get("original_positions") is False for q in spc),
+           "spec-pc pareto: renumbered positions unless --spec_pc_original_positions")
     if not rf or len(spc) != len(SPEC_BUDGETS) or not all(all(k in q for k in keys) for q in spc):
         return
     for q in spc:
