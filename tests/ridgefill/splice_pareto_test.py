@@ -9,12 +9,13 @@ Calibrates split-14 and split-22 maps on ~2K KJV tokens, then on the GPL-3 (a di
   2. pareto at 512 tokens, tails 64 and 256: one point per (split, tail) with the documented
      keys, and its Pareto and target marks equal a NumPy-free recomputation from the points;
      --plot without gnuplot on PATH says so and still prints the JSON.
-  3. pareto with SpecPC at 600 tokens, tail 128, split 22 and draft self:8 with budgets 128 and
-     600: SpecPC points beside the RidgeFill one with the documented keys; the same exact
-     numbers as RidgeFill's (the same prompts); kept tokens = min(budget, prompt); KV bytes =
+  3. pareto with SpecPC and SpecKV at 600 tokens, tail 128, split 22 and draft self:8 with
+     budgets 128 and 600 (SpecKV 64 and 600): their points beside the RidgeFill one with the
+     documented keys; the same exact numbers as RidgeFill's (the same prompts); kept tokens = min(budget, prompt); KV bytes =
      kept tokens x the model's bytes per token (from its architecture), the draft's = its 8
      layers' over the prompt; speedup = exact / (draft + target); budget >= prompt reproduces
-     exact needle and NLL numbers, budget 128 changes the NLL; Pareto marks over both methods;
+     exact needle and NLL numbers, a smaller one changes the NLL (SpecKV likewise, its KV bytes
+     min(budget, prompt) entries); Pareto marks over the three methods;
      --plot with a stand-in gnuplot writes one marker per method and setting in two panels.
 Exits nonzero on failure.
 """
@@ -41,6 +42,7 @@ VARIANTS = ("ridgefill", "exact_k", "exact_v", "exact_kv", "exact_key_norm")
 # SpecPC run (3): SmolLM2-135M has 30 layers, 3 KV heads of 64 dimensions; the CPU's default KV
 # cache is f16. K and V: 2 x 2 bytes per element.
 SPEC_LENGTH, SPEC_TAIL, SPEC_SPLIT, SPEC_BUDGETS = 600, 128, 22, (128, 600)
+SPEC_KV_BUDGETS = (64, 600)
 KV_BYTES_PER_LAYER = 2 * 2 * 3 * 64
 TARGET_KV_BYTES, DRAFT_KV_BYTES = 30 * KV_BYTES_PER_LAYER, 8 * KV_BYTES_PER_LAYER
 
@@ -104,13 +106,51 @@ def fake_gnuplot(tmp):
     return bindir, copy
 
 
+def check_spec_kv_points(pts, rf):
+    """SpecKV's pareto points (run 3): the documented keys and numbers; returns them."""
+    skv = [q for q in pts if q["method"] == "spec_kv"]
+    expect(sorted(q["budget"] for q in skv) == list(SPEC_KV_BUDGETS)
+           and all(q["draft_model"] == "self:8" for q in skv), "spec-kv pareto: one point each")
+    keys = ("prompt_tokens", "exact_tail_tokens", "budget", "draft_model", "lookahead_tokens",
+            "speedup", "exact_seconds", "spec_kv_seconds", "kv_bytes", "exact_kv_bytes",
+            "needle_trials", "needle_exact_accuracy", "needle_spec_kv_accuracy",
+            "distant_tokens", "distant_exact_nll", "distant_spec_kv_nll", "distant_nll_increase",
+            "all_exact_nll", "all_spec_kv_nll", "all_nll_increase", "meets_target",
+            "pareto_optimal")
+    if not all(all(k in q for k in keys) for q in skv):
+        expect(False, f"spec-kv pareto: every point has {keys}")
+        return skv
+    for q in skv:
+        name = f"spec-kv pareto, budget {q['budget']}"
+        kept = min(q["budget"], SPEC_LENGTH)
+        expect(q["kv_bytes"] == kept * TARGET_KV_BYTES
+               and q["exact_kv_bytes"] == SPEC_LENGTH * TARGET_KV_BYTES,
+               f"{name}: KV bytes = min(budget, prompt) entries x bytes per token")
+        expect(q["speedup"] > 0 and abs(q["speedup"] - q["exact_seconds"] / q["spec_kv_seconds"])
+               < 1e-9, f"{name}: speedup = exact / SpecKV's prefill")
+        expect(all(q[k] == rf[k] for k in ("needle_trials", "needle_exact_accuracy",
+                                           "distant_tokens", "distant_exact_nll",
+                                           "all_exact_nll")),
+               f"{name}: the same exact needle and NLL numbers as RidgeFill's (same prompts)")
+        same = (q["needle_spec_kv_accuracy"] == q["needle_exact_accuracy"]
+                and q["distant_spec_kv_nll"] == q["distant_exact_nll"]
+                and q["all_spec_kv_nll"] == q["all_exact_nll"])
+        if q["budget"] >= SPEC_LENGTH:
+            expect(same, f"{name}: budget >= prompt gives exact's needle and NLL numbers")
+        else:
+            expect(abs(q["all_spec_kv_nll"] - q["all_exact_nll"]) > 1e-4,
+                   f"{name}: the kept entries change the tail's NLL")
+    return skv
+
+
 def check_spec_pc_pareto(evalbin, common, tmp):
     bindir, copy = fake_gnuplot(tmp)
     png = os.path.join(tmp, "front.png")
     stdout, _ = run_env([evalbin, "pareto", *common, "--text", TEXT, "--haystack", TEXT,
                          "--lengths", str(SPEC_LENGTH), "--tails", str(SPEC_TAIL), "--split_layer",
                          str(SPEC_SPLIT), "--draft_model", "self:8", "--spec_pc_budgets",
-                         ",".join(map(str, SPEC_BUDGETS)), "--depths", "0.5", "--trials", "1",
+                         ",".join(map(str, SPEC_BUDGETS)), "--spec_kv_budgets",
+                         ",".join(map(str, SPEC_KV_BUDGETS)), "--depths", "0.5", "--trials", "1",
                          "--repetitions", "1", "--plot", png], bindir + ":" + os.environ["PATH"])
     pts = last_json(stdout)["points"]
     print(json.dumps(pts)[:3000])
@@ -157,13 +197,15 @@ def check_spec_pc_pareto(evalbin, common, tmp):
         else:
             expect(abs(q["all_spec_pc_nll"] - q["all_exact_nll"]) > 1e-4,
                    f"{name}: the compressed context changes the tail's NLL")
+    skv = check_spec_kv_points(pts, rf[0])
     expect(all(q["pareto_optimal"] == (not any(dominated(q, o) for o in pts)) for q in pts),
-           "spec-pc pareto: pareto_optimal over both methods equals an independent check")
+           "spec-pc pareto: pareto_optimal over the three methods equals an independent check")
 
     with open(os.path.join(copy, "plot.gp")) as f:
         script = f.read()
     titles = {"exact", f"RidgeFill split {SPEC_SPLIT}, tail {SPEC_TAIL}",
-              *(f"SpecPC self:8, C = {b}" for b in SPEC_BUDGETS)}
+              *(f"SpecPC self:8, C = {b}" for b in SPEC_BUDGETS),
+              *(f"SpecKV self:8, C = {b}" for b in SPEC_KV_BUDGETS)}
     plots = [line for line in script.splitlines() if line.startswith("plot ")]
     expect(f"set output '{png}'" in script and "set multiplot layout 1,2" in script
            and len(plots) == 2 and all(line.count(" title ") == len(titles) for line in plots)
@@ -177,6 +219,7 @@ def check_spec_pc_pareto(evalbin, common, tmp):
     want = [(1.0, rf[0]["needle_exact_accuracy"], rf[0]["distant_exact_nll"]),
             (rf[0]["speedup"], rf[0]["needle_ridgefill_accuracy"], rf[0]["distant_ridgefill_nll"])]
     want += [(q["speedup"], q["needle_spec_pc_accuracy"], q["distant_spec_pc_nll"]) for q in spc]
+    want += [(q["speedup"], q["needle_spec_kv_accuracy"], q["distant_spec_kv_nll"]) for q in skv]
     expect(len(markers) == len(want) and all(
         all(math.isclose(a, b, rel_tol=1e-5) for a, b in zip(m, w))
         for m, w in zip(markers, want)),
