@@ -106,6 +106,22 @@ def fake_gnuplot(tmp):
     return bindir, copy
 
 
+def check_draft_quality(q, rf, method, name):
+    """A SpecPC / SpecKV point's quality numbers: the same exact ones as the RidgeFill point rf
+    (the same prompts); a budget >= the prompt reproduces exact, a smaller one changes the NLL."""
+    expect(all(q[k] == rf[k] for k in ("needle_trials", "needle_exact_accuracy",
+                                       "distant_tokens", "distant_exact_nll", "all_exact_nll")),
+           f"{name}: the same exact needle and NLL numbers as RidgeFill's (same prompts)")
+    same = (q[f"needle_{method}_accuracy"] == q["needle_exact_accuracy"]
+            and q[f"distant_{method}_nll"] == q["distant_exact_nll"]
+            and q[f"all_{method}_nll"] == q["all_exact_nll"])
+    if q["budget"] >= SPEC_LENGTH:
+        expect(same, f"{name}: budget >= prompt gives exact's needle and NLL numbers")
+    else:
+        expect(abs(q[f"all_{method}_nll"] - q["all_exact_nll"]) > 1e-4,
+               f"{name}: the compressed context or kept entries change the tail's NLL")
+
+
 def check_spec_kv_points(pts, rf):
     """SpecKV's pareto points (run 3): the documented keys and numbers; returns them."""
     skv = [q for q in pts if q["method"] == "spec_kv"]
@@ -128,18 +144,7 @@ def check_spec_kv_points(pts, rf):
                f"{name}: KV bytes = min(budget, prompt) entries x bytes per token")
         expect(q["speedup"] > 0 and abs(q["speedup"] - q["exact_seconds"] / q["spec_kv_seconds"])
                < 1e-9, f"{name}: speedup = exact / SpecKV's prefill")
-        expect(all(q[k] == rf[k] for k in ("needle_trials", "needle_exact_accuracy",
-                                           "distant_tokens", "distant_exact_nll",
-                                           "all_exact_nll")),
-               f"{name}: the same exact needle and NLL numbers as RidgeFill's (same prompts)")
-        same = (q["needle_spec_kv_accuracy"] == q["needle_exact_accuracy"]
-                and q["distant_spec_kv_nll"] == q["distant_exact_nll"]
-                and q["all_spec_kv_nll"] == q["all_exact_nll"])
-        if q["budget"] >= SPEC_LENGTH:
-            expect(same, f"{name}: budget >= prompt gives exact's needle and NLL numbers")
-        else:
-            expect(abs(q["all_spec_kv_nll"] - q["all_exact_nll"]) > 1e-4,
-                   f"{name}: the kept entries change the tail's NLL")
+        check_draft_quality(q, rf, "spec_kv", name)
     return skv
 
 
@@ -185,18 +190,7 @@ def check_spec_pc_pareto(evalbin, common, tmp):
                and abs(q["spec_pc_seconds"] - q["draft_seconds"] - q["target_prefill_seconds"])
                < 1e-9 and abs(q["speedup"] - q["exact_seconds"] / q["spec_pc_seconds"]) < 1e-9,
                f"{name}: speedup = exact / (draft + target prefill) > 0")
-        expect(all(q[k] == rf[0][k] for k in ("needle_trials", "needle_exact_accuracy",
-                                              "distant_tokens", "distant_exact_nll",
-                                              "all_exact_nll")),
-               f"{name}: the same exact needle and NLL numbers as RidgeFill's (same prompts)")
-        same = (q["needle_spec_pc_accuracy"] == q["needle_exact_accuracy"]
-                and q["distant_spec_pc_nll"] == q["distant_exact_nll"]
-                and q["all_spec_pc_nll"] == q["all_exact_nll"])
-        if q["budget"] >= SPEC_LENGTH:
-            expect(same, f"{name}: budget >= prompt gives exact's needle and NLL numbers")
-        else:
-            expect(abs(q["all_spec_pc_nll"] - q["all_exact_nll"]) > 1e-4,
-                   f"{name}: the compressed context changes the tail's NLL")
+        check_draft_quality(q, rf[0], "spec_pc", name)
     skv = check_spec_kv_points(pts, rf[0])
     expect(all(q["pareto_optimal"] == (not any(dominated(q, o) for o in pts)) for q in pts),
            "spec-pc pareto: pareto_optimal over the three methods equals an independent check")
