@@ -20,7 +20,7 @@
 #include "engine/kv/paged_kv_cache.h"
 #include "engine/parallel/tensor_parallel_executor.h"
 #include "engine/ridgefill/ridgefill_maps.h"
-#include "engine/ridgefill_plan.h"
+#include "engine/ridgefill/ridgefill_plan.h"
 #include "spdlog/spdlog.h"
 
 namespace ridgeserve {
@@ -363,16 +363,16 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     if (filled == 0) continue;
     filled_in_chunk[i] = filled;
     batch.fill_split.resize(batch.num_rows() - chunk.count, -1);
-    batch.fill_maps.resize(batch.num_rows() - chunk.count, nullptr);
+    batch.row_fill.resize(batch.num_rows() - chunk.count, nullptr);
     for (int32_t p = chunk.start; p < chunk.start + chunk.count; ++p) {
       const bool fill = p < fill_end && r.filled_rows[p] != 0;
       batch.fill_split.push_back(fill ? l.split_layer : -1);
-      batch.fill_maps.push_back(fill ? l.maps.get() : nullptr);
+      batch.row_fill.push_back(fill ? l.maps.get() : nullptr);
     }
   }
   if (!batch.fill_split.empty()) {
     batch.fill_split.resize(batch.num_rows(), -1);
-    batch.fill_maps.resize(batch.num_rows(), nullptr);
+    batch.row_fill.resize(batch.num_rows(), nullptr);
   }
   // SpecPC with original positions: kept token i runs at cache place i with RoPE position
   // kept[i]; generated tokens continue after the whole prompt.
@@ -820,11 +820,6 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
   }
   std::vector<uint8_t> filled_rows;
   if (request.ridgefill.split_layer >= 0) {
-    if (request.ridgefill.maps == nullptr && impl_->model.llama->ridgefill_maps() != nullptr) {
-      // The model's maps, not owned: they outlive the engine's requests (SetRidgeFillMaps).
-      request.ridgefill.maps = std::shared_ptr<const RidgeFillMaps>(
-          std::shared_ptr<void>(), impl_->model.llama->ridgefill_maps());
-    }
     const RidgeFillMaps* maps = request.ridgefill.maps.get();
     if (maps == nullptr || maps->FindSplit(request.ridgefill.split_layer) == nullptr) {
       return absl::FailedPreconditionError(

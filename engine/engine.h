@@ -26,8 +26,7 @@ namespace ridgeserve {
 struct EngineOptions {
   SchedulerConfig scheduler;
   int32_t kv_cache_tokens = 65536;  // KV cache capacity (rounded up to whole blocks)
-  // RidgeFill (maps per request, RidgeFillRequest::maps, or set on the model with
-  // LlamaModel::SetRidgeFillMaps):
+  // RidgeFill (maps per request, RidgeFillRequest::maps):
   int32_t ridgefill_sink_tokens = 4;        // first prompt rows that always run exactly
   int32_t ridgefill_min_prompt_tokens = 0;  // shorter prompts run exactly
   // SpecPC (null: no draft, SpecPC requests are refused). Not owned; must outlive the engine
@@ -95,8 +94,8 @@ struct RidgeFillRequest {
   std::vector<std::pair<int32_t, int32_t>> exact_spans;  // [begin, end) prompt positions
   // The maps the request is filled with, held until it finishes (so a server may swap maps
   // while it runs: chunks, recomputes after preemption and its prefix-cache key all use
-  // these). nullptr: the model's (LlamaModel::SetRidgeFillMaps), which must then outlive it.
-  // Their last reference may be dropped on any thread.
+  // these). Required with a split layer (FailedPrecondition without). Their last reference may
+  // be dropped on any thread.
   std::shared_ptr<const RidgeFillMaps> maps;
 };
 

@@ -346,10 +346,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   std::unique_ptr<Model> model = *std::move(loaded);
   RS_ASSIGN_OR_RETURN(const DType kv_dtype,
                       ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), backend));
-  for (LlamaModel* rank : model->rank_models()) {
-    rank->SetKvCacheDType(kv_dtype);
-    rank->SetRidgeFillMaxLeverage(static_cast<float>(absl::GetFlag(FLAGS_ridgefill_max_leverage)));
-  }
+  for (LlamaModel* rank : model->rank_models()) rank->SetKvCacheDType(kv_dtype);
   spdlog::info("loaded {} ({}, {} layers, context {}) in {:.2f} s", model_path,
                model->config.arch_name, model->config.num_layers, model->config.context_length,
                absl::ToDoubleSeconds(absl::Now() - load_start));
@@ -401,6 +398,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   RidgeFillMapsManager::Options maps_options;
   maps_options.path = absl::GetFlag(FLAGS_ridgefill_maps);
   maps_options.default_split_layer = absl::GetFlag(FLAGS_default_split_layer);
+  maps_options.max_leverage = static_cast<float>(absl::GetFlag(FLAGS_ridgefill_max_leverage));
   RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMapsManager> maps,
                       RidgeFillMapsManager::Create(*model, *engine, maps_options));
   signals.SetReloadHandler([&maps = *maps, auth = security.auth] {

@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "engine/common/status_macros.h"
-#include "engine/ridgefill_load.h"
+#include "engine/ridgefill/ridgefill_load.h"
 #include "spdlog/spdlog.h"
 
 namespace ridgeserve {
@@ -115,8 +115,8 @@ absl::Status RidgeFillMapsManager::Load() {
   // The upload is backend work: on the engine thread, between two steps.
   absl::StatusOr<std::unique_ptr<RidgeFillMaps>> uploaded =
       absl::UnavailableError("engine stopped");
-  RS_RETURN_IF_ERROR(
-      engine_.RunOnEngineThread([&] { uploaded = UploadRidgeFillMaps(*file, model_); }));
+  RS_RETURN_IF_ERROR(engine_.RunOnEngineThread(
+      [&] { uploaded = UploadRidgeFillMaps(*file, model_, options_.max_leverage); }));
   if (!uploaded.ok()) return uploaded.status();
   // Freed on the engine thread too, when the last request on them is done (the deleter may
   // run on any thread; on the engine thread RunOnEngineThread runs it at once).

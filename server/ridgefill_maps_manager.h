@@ -64,6 +64,7 @@ class RidgeFillMapsManager {
     std::string path;  // empty: kNone
     // -1: the highest split of each file; else every file must have maps for it.
     int32_t default_split_layer = -1;
+    float max_leverage = 0;  // --ridgefill_max_leverage (RidgeFillMaps::Load)
     absl::Duration poll_interval = absl::Milliseconds(500);
   };
 

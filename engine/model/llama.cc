@@ -9,7 +9,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
-#include "engine/ridgefill/ridgefill_maps.h"
 
 namespace ridgeserve {
 
@@ -109,17 +108,13 @@ double ForwardProfile::SavedSecondsPerRow(int32_t split_layer, int32_t num_layer
   return 0;
 }
 
-absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
-                                 std::vector<float>& logits, ForwardCapture* capture,
-                                 ForwardProfile* profile) {
+absl::Status LlamaModel::CheckBatch(const ForwardBatch& input, int32_t num_layers,
+                                    const ForwardCapture* capture) const {
   const int32_t n = input.num_rows();
   if (n == 0) return absl::InvalidArgumentError("forward: empty batch");
-  if (profile != nullptr) *profile = ForwardProfile{};
-  const int32_t num_layers = input.num_layers == 0 ? config_.num_layers : input.num_layers;
-  if (num_layers < 0 || num_layers > config_.num_layers || num_layers > cache.shape().num_layers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("forward: num_layers ", input.num_layers, " outside [0, ", config_.num_layers,
-                     "] or above the cache's ", cache.shape().num_layers, " layers"));
+  if (num_layers < 0 || num_layers > config_.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("forward: num_layers ", input.num_layers,
+                                                   " outside [0, ", config_.num_layers, "]"));
   }
   if (!input.rope_positions.empty() && static_cast<int32_t>(input.rope_positions.size()) != n) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -144,8 +139,6 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
             absl::StrCat("forward: capture query layer ", l, " outside [0, ", num_layers, ")"));
       }
     }
-    capture->states.resize(capture->depths.size());
-    capture->queries.assign(capture->query_layers.size(), {});
   }
   for (int32_t t : input.tokens) {
     if (t < 0 || t >= config_.vocab_size) {
@@ -153,141 +146,129 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
           absl::StrCat("forward: token id ", t, " outside vocabulary of ", config_.vocab_size));
     }
   }
+  return absl::OkStatus();
+}
 
-  // RidgeFill: reorder rows by decreasing split (exact rows first), so that the rows still
-  // running full layers at layer l — exact rows and filled rows with split >= l — are always
-  // a prefix, and each split's filled rows are a contiguous range whose residual rows stay
-  // frozen at h_s once the prefix has moved past them. Every op is row-invariant, so the
-  // exact rows' results do not depend on the reordering.
+absl::Status LlamaModel::PlanRows(const ForwardBatch& input, int32_t num_layers,
+                                  const ForwardCapture* capture, RowPlan& plan) const {
+  const int32_t n = input.num_rows();
+  plan.num_exact = n;
   bool any_fill = false;
   if (!input.fill_split.empty()) {
-    if (static_cast<int32_t>(input.fill_split.size()) != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "forward: fill_split has ", input.fill_split.size(), " entries for ", n, " rows"));
+    if (static_cast<int32_t>(input.fill_split.size()) != n ||
+        static_cast<int32_t>(input.row_fill.size()) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: fill_split and row_fill have ", input.fill_split.size(), " and ",
+                       input.row_fill.size(), " entries for ", n, " rows"));
     }
-    for (int32_t s : input.fill_split) {
+    for (int32_t r = 0; r < n; ++r) {
+      const int32_t s = input.fill_split[r];
       if (s < -1) {
         return absl::InvalidArgumentError(absl::StrCat("forward: fill split ", s, " < -1"));
+      }
+      if (s >= 0 && input.row_fill[r] == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("forward: filled row ", r, " has no fill"));
       }
       any_fill |= s >= 0;
     }
   }
-  ForwardBatch reordered;
-  std::vector<FillGroup> groups;
-  int32_t num_exact = n;
-  std::vector<int32_t> order;      // input row of each reordered row
-  std::vector<int32_t> new_index;  // reordered row of each input row
-  if (any_fill) {
-    if ((capture != nullptr && !capture->depths.empty()) || num_layers != config_.num_layers) {
-      return absl::InvalidArgumentError(
-          "forward: residual capture or num_layers with RidgeFill rows is not supported");
-    }
-    if (!input.fill_maps.empty() && static_cast<int32_t>(input.fill_maps.size()) != n) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "forward: fill_maps has ", input.fill_maps.size(), " entries for ", n, " rows"));
-    }
-    auto maps_of = [&](int32_t row) {
-      const RidgeFillMaps* m = input.fill_maps.empty() ? nullptr : input.fill_maps[row];
-      return m != nullptr ? m : ridgefill_maps_;
-    };
-    // Exact rows first, then filled rows by descending split, each split's rows by maps.
-    auto key = [&](int32_t row) {
-      const int32_t s = input.fill_split[row];
-      return std::pair(s < 0 ? std::numeric_limits<int32_t>::max() : s,
-                       s < 0 ? uintptr_t{0} : reinterpret_cast<uintptr_t>(maps_of(row)));
-    };
-    order.resize(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t a, int32_t b) { return key(a) > key(b); });
-    const RidgeFillMaps* group_maps = nullptr;
-    new_index.resize(n);
-    reordered.block_table_offsets = input.block_table_offsets;
-    reordered.block_tables = input.block_tables;
-    for (int32_t i = 0; i < n; ++i) {
-      const int32_t r = order[i];
-      new_index[r] = i;
-      reordered.tokens.push_back(input.tokens[r]);
-      reordered.positions.push_back(input.positions[r]);
-      if (!input.rope_positions.empty())
-        reordered.rope_positions.push_back(input.rope_positions[r]);
-      reordered.seq.push_back(input.seq[r]);
-      reordered.slots.push_back(input.slots[r]);
-      const int32_t s = input.fill_split[r];
-      if (s < 0) continue;
-      if (groups.empty() || groups.back().split != s || group_maps != maps_of(r)) {
-        group_maps = maps_of(r);
-        if (group_maps == nullptr) {
-          return absl::FailedPreconditionError("forward: RidgeFill rows but no maps are loaded");
-        }
-        const RidgeFillSplitMaps* maps = group_maps->FindSplit(s, shard_.rank);
-        if (maps == nullptr) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("forward: no RidgeFill maps for split layer ", s));
-        }
-        if (groups.empty()) num_exact = i;
-        groups.push_back(FillGroup{s, i, 0, maps});
-      }
-      ++groups.back().count;
-    }
-    for (int32_t r : input.logit_rows) {
-      if (r < 0 || r >= n || input.fill_split[r] >= 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("forward: logit row ", r, " is not an exact row"));
-      }
-      reordered.logit_rows.push_back(new_index[r]);
-    }
+  if (!any_fill) return absl::OkStatus();
+  if ((capture != nullptr && !capture->depths.empty()) || num_layers != config_.num_layers) {
+    return absl::InvalidArgumentError(
+        "forward: residual capture or num_layers with filled rows is not supported");
   }
-  const ForwardBatch& batch = any_fill ? reordered : input;
-  // Captured query rows in the batch as run (exact rows keep their reordered places).
-  std::vector<int32_t> query_rows;
+  // Exact rows first, then filled rows by descending split, each split's rows by fill: the rows
+  // still running full layers at layer l — exact rows and filled rows with split >= l — are then
+  // always a prefix, and each group's residual rows stay frozen at h_s once the prefix has
+  // moved past them. Every op is row-invariant, so the exact rows' results do not depend on
+  // the reordering.
+  auto key = [&](int32_t row) {
+    const int32_t s = input.fill_split[row];
+    return std::pair(s < 0 ? std::numeric_limits<int32_t>::max() : s,
+                     s < 0 ? uintptr_t{0} : reinterpret_cast<uintptr_t>(input.row_fill[row]));
+  };
+  plan.order.resize(n);
+  std::iota(plan.order.begin(), plan.order.end(), 0);
+  std::stable_sort(plan.order.begin(), plan.order.end(),
+                   [&](int32_t a, int32_t b) { return key(a) > key(b); });
+  plan.new_index.resize(n);
+  ForwardBatch& batch = plan.batch;
+  batch.block_table_offsets = input.block_table_offsets;
+  batch.block_tables = input.block_tables;
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t r = plan.order[i];
+    plan.new_index[r] = i;
+    batch.tokens.push_back(input.tokens[r]);
+    batch.positions.push_back(input.positions[r]);
+    if (!input.rope_positions.empty()) batch.rope_positions.push_back(input.rope_positions[r]);
+    batch.seq.push_back(input.seq[r]);
+    batch.slots.push_back(input.slots[r]);
+    const int32_t s = input.fill_split[r];
+    if (s < 0) continue;
+    const RowFill* fill = input.row_fill[r];
+    if (plan.groups.empty() || plan.groups.back().split != s || plan.groups.back().fill != fill) {
+      RS_RETURN_IF_ERROR(fill->CheckSplit(*this, s));
+      if (plan.groups.empty()) plan.num_exact = i;
+      plan.groups.push_back(FillGroup{s, i, 0, fill});
+    }
+    ++plan.groups.back().count;
+  }
+  for (int32_t r : input.logit_rows) {
+    if (r < 0 || r >= n || input.fill_split[r] >= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("forward: logit row ", r, " is not an exact row"));
+    }
+    batch.logit_rows.push_back(plan.new_index[r]);
+  }
   if (capture != nullptr) {
     for (int32_t r : capture->query_rows) {
-      if (any_fill && input.fill_split[r] >= 0) {
+      if (input.fill_split[r] >= 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("forward: capture query row ", r, " is not an exact row"));
       }
-      query_rows.push_back(any_fill ? new_index[r] : r);
     }
   }
+  return absl::OkStatus();
+}
 
+absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
+                                 std::vector<float>& logits, ForwardCapture* capture,
+                                 ForwardProfile* profile) {
+  if (profile != nullptr) *profile = ForwardProfile{};
+  const int32_t num_layers = input.num_layers == 0 ? config_.num_layers : input.num_layers;
+  RS_RETURN_IF_ERROR(CheckBatch(input, num_layers, capture));
+  if (num_layers > cache.shape().num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "forward: ", num_layers, " layers to run, the cache has ", cache.shape().num_layers));
+  }
+  RowPlan plan;
+  RS_RETURN_IF_ERROR(PlanRows(input, num_layers, capture, plan));
+  const bool any_fill = !plan.groups.empty();
+  const ForwardBatch& batch = any_fill ? plan.batch : input;
+  const int32_t n = batch.num_rows();
+  // Captured query rows in the batch as run (exact rows keep their reordered places).
+  std::vector<int32_t> query_rows;
+  if (capture != nullptr) {
+    capture->states.resize(capture->depths.size());
+    capture->queries.assign(capture->query_layers.size(), {});
+    for (int32_t r : capture->query_rows) query_rows.push_back(any_fill ? plan.new_index[r] : r);
+  }
   RS_RETURN_IF_ERROR(UploadStepMeta(batch));
 
-  const ModelConfig& c = config_;
-  const int32_t q_dim = q_dim_, kv_dim = kv_dim_, qkv_dim = q_dim + 2 * kv_dim;
-  float* x = x_.as<float>();  // reassigned when leverage promotion permutes the rows
-  float* xn = xn_.as<float>();
-  float* qkv = qkv_.as<float>();
-  float* proj = proj_.as<float>();
-  const float* inv_freq = weights_.rope_inv_freq.as<float>();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  // Copies the residual stream x (after `depth` layers) into every capture slot asking for it.
+  // Copies the residual stream (after `depth` layers) into every capture slot asking for it.
   auto capture_at = [&](int32_t depth) {
+    if (capture == nullptr) return;
     for (size_t i = 0; i < capture->depths.size(); ++i) {
       if (capture->depths[i] != depth) continue;
       std::vector<float>& out = capture->states[i];
-      out.resize(static_cast<size_t>(n) * c.hidden);
-      backend_.CopyToHost(out.data(), x, sizeof(float) * out.size());
+      out.resize(static_cast<size_t>(n) * config_.hidden);
+      backend_.CopyToHost(out.data(), x_.as<float>(), sizeof(float) * out.size());
     }
   };
-
-  // Copies the captured query rows of layer l (post-RoPE, the rank's heads).
-  auto capture_queries = [&](int32_t l, const float* q) {
-    for (size_t i = 0; i < capture->query_layers.size(); ++i) {
-      if (capture->query_layers[i] != l) continue;
-      std::vector<float>& out = capture->queries[i];
-      out.resize(query_rows.size() * q_dim);
-      for (size_t j = 0; j < query_rows.size(); ++j) {
-        backend_.CopyToHost(out.data() + j * q_dim,
-                            q + static_cast<size_t>(query_rows[j]) * qkv_dim,
-                            sizeof(float) * q_dim);
-      }
-    }
-  };
-
   // Profiling (filled rows only): layers 0..lowest split run every row in full.
-  const bool timed = profile != nullptr && !groups.empty();
-  const int32_t lowest_split = groups.empty() ? -1 : groups.back().split;
+  std::vector<FillGroup>& groups = plan.groups;
+  const bool timed = profile != nullptr && any_fill;
+  const int32_t lowest_split = any_fill ? groups.back().split : -1;
   std::vector<double> fill_seconds(groups.size(), 0.0);
   double full_seconds = 0;
   auto Now = [&] {
@@ -296,73 +277,39 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
         .count();
   };
 
-  // Sums a row-parallel projection's partial rows over the ranks (TP > 1).
-  auto all_reduce = [&](float* data, int32_t rows) -> absl::Status {
-    if (comm_ == nullptr) return absl::OkStatus();
-    return comm_->AllReduceSum(data, static_cast<size_t>(rows) * c.hidden);
-  };
-
-  backend_.Embed(weights_.token_embd, shard_.vocab_begin, meta_.tokens, n, x);
-  RS_RETURN_IF_ERROR(all_reduce(x, n));
+  backend_.Embed(weights_.token_embd, shard_.vocab_begin, meta_.tokens, n, x_.as<float>());
+  if (comm_ != nullptr) {
+    RS_RETURN_IF_ERROR(
+        comm_->AllReduceSum(x_.as<float>(), static_cast<size_t>(n) * config_.hidden));
+  }
   for (int32_t l = 0; l < num_layers; ++l) {
     if (timed && l <= lowest_split) full_seconds -= Now();
-    if (capture != nullptr) capture_at(l);
-    for (size_t gi = 0; max_leverage_ > 0 && gi < groups.size(); ++gi) {
-      if (groups[gi].split + 1 == l) {
-        RS_RETURN_IF_ERROR(PromoteOutliers(gi, groups, num_exact, reordered, order, profile));
-        x = x_.as<float>();  // the rows were permuted into a fresh buffer
-      }
+    capture_at(l);
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      if (groups[gi].split + 1 == l) RS_RETURN_IF_ERROR(PromoteRows(gi, plan, profile));
     }
-    const LayerWeights& w = weights_.layers[l];
     const KvLayerView kv = cache.layer(l);
     // Rows running this layer in full: exact rows and filled rows whose split is >= l.
-    int32_t na = num_exact;
+    int32_t na = plan.num_exact;
     // Filled rows past their split only write this layer's K/V, before the full rows'
     // attention reads the cache.
-    for (const FillGroup& g : groups) {
+    for (size_t gi = 0; gi < groups.size(); ++gi) {
+      const FillGroup& g = groups[gi];
       if (g.split >= l) {
         na += g.count;
         continue;
       }
       if (g.count == 0) continue;
-      if (timed) fill_seconds[&g - groups.data()] -= Now();
-      WriteFilledKv(l, g, kv);
-      if (timed) fill_seconds[&g - groups.data()] += Now();
+      if (timed) fill_seconds[gi] -= Now();
+      g.fill->WriteKv(*this, l, RowsOf(g), kv);
+      if (timed) fill_seconds[gi] += Now();
     }
-    if (na == 0) continue;
-    const AttentionRows rows{na, meta_.positions, meta_.seq, meta_.block_table_offsets,
-                             meta_.block_tables};
-    // Attention block: x += o_proj(attention(rope(qkv(norm(x))))).
-    backend_.RmsNorm(x, w.attn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
-    backend_.Linear(xn, na, w.wqkv, w.bqkv.bytes() > 0 ? w.bqkv.as<float>() : nullptr, qkv);
-    float* q = qkv;
-    float* k = qkv + q_dim;
-    float* v = qkv + q_dim + kv_dim;
-    if (c.qk_norm) {
-      backend_.RmsNormHeads(q, qkv_dim, na, heads_, c.head_dim, w.q_norm.as<float>(), c.rms_eps);
-      backend_.RmsNormHeads(k, qkv_dim, na, kv_heads_, c.head_dim, w.k_norm.as<float>(), c.rms_eps);
-    }
-    backend_.Rope(q, qkv_dim, na, heads_, c.head_dim, meta_.rope_positions, inv_freq);
-    backend_.Rope(k, qkv_dim, na, kv_heads_, c.head_dim, meta_.rope_positions, inv_freq);
-    if (capture != nullptr) capture_queries(l, q);
-    backend_.StoreKv(kv, k, v, qkv_dim, na, meta_.slots);
-    backend_.Attention(q, qkv_dim, heads_, kv, rows, scale, attn_.as<float>());
-    backend_.Linear(attn_.as<float>(), na, w.wo, nullptr, proj);
-    RS_RETURN_IF_ERROR(all_reduce(proj, na));
-    backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
-    // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
-    backend_.RmsNorm(x, w.ffn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
-    backend_.Linear(xn, na, w.w_gate_up, nullptr, gate_up_.as<float>());
-    backend_.SwiGlu(gate_up_.as<float>(), na, ffn_, act_.as<float>());
-    backend_.Linear(act_.as<float>(), na, w.w_down, nullptr, proj);
-    RS_RETURN_IF_ERROR(all_reduce(proj, na));
-    backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
+    if (na > 0) RS_RETURN_IF_ERROR(RunFullLayer(l, na, kv, capture, query_rows));
     if (timed && l <= lowest_split) full_seconds += Now();
   }
   if (timed) {
     profile->full_layer_row_seconds = full_seconds / (static_cast<double>(lowest_split + 1) * n);
-    profile->fills.clear();
-    // One entry per split: groups of one split (several maps) are summed.
+    // One entry per split: groups of one split (several fills) are summed.
     for (size_t i = 0; i < groups.size(); ++i) {
       if (i == 0 || groups[i].split != groups[i - 1].split) {
         profile->fills.push_back({groups[i].split, 0, 0});
@@ -371,8 +318,68 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
       profile->fills.back().seconds += fill_seconds[i];
     }
   }
-  if (capture != nullptr) capture_at(num_layers);
+  capture_at(num_layers);
+  return RunLmHead(batch, logits);
+}
 
+absl::Status LlamaModel::RunFullLayer(int32_t l, int32_t na, const KvLayerView& kv,
+                                      ForwardCapture* capture,
+                                      std::span<const int32_t> query_rows) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_.layers[l];
+  const int32_t q_dim = q_dim_, kv_dim = kv_dim_, qkv_dim = q_dim + 2 * kv_dim;
+  float* x = x_.as<float>();
+  float* xn = xn_.as<float>();
+  float* qkv = qkv_.as<float>();
+  float* proj = proj_.as<float>();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  // Sums a row-parallel projection's partial rows over the ranks (TP > 1).
+  auto all_reduce = [&](float* data) -> absl::Status {
+    if (comm_ == nullptr) return absl::OkStatus();
+    return comm_->AllReduceSum(data, static_cast<size_t>(na) * c.hidden);
+  };
+  const AttentionRows rows{na, meta_.positions, meta_.seq, meta_.block_table_offsets,
+                           meta_.block_tables};
+  // Attention block: x += o_proj(attention(rope(qkv(norm(x))))).
+  backend_.RmsNorm(x, w.attn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
+  backend_.Linear(xn, na, w.wqkv, w.bqkv.bytes() > 0 ? w.bqkv.as<float>() : nullptr, qkv);
+  float* q = qkv;
+  float* k = qkv + q_dim;
+  float* v = qkv + q_dim + kv_dim;
+  if (c.qk_norm) {
+    backend_.RmsNormHeads(q, qkv_dim, na, heads_, c.head_dim, w.q_norm.as<float>(), c.rms_eps);
+    backend_.RmsNormHeads(k, qkv_dim, na, kv_heads_, c.head_dim, w.k_norm.as<float>(), c.rms_eps);
+  }
+  const float* inv_freq = weights_.rope_inv_freq.as<float>();
+  backend_.Rope(q, qkv_dim, na, heads_, c.head_dim, meta_.rope_positions, inv_freq);
+  backend_.Rope(k, qkv_dim, na, kv_heads_, c.head_dim, meta_.rope_positions, inv_freq);
+  // The captured query rows of this layer (post-RoPE, the rank's heads).
+  for (size_t i = 0; capture != nullptr && i < capture->query_layers.size(); ++i) {
+    if (capture->query_layers[i] != l) continue;
+    std::vector<float>& out = capture->queries[i];
+    out.resize(query_rows.size() * q_dim);
+    for (size_t j = 0; j < query_rows.size(); ++j) {
+      backend_.CopyToHost(out.data() + j * q_dim, q + static_cast<size_t>(query_rows[j]) * qkv_dim,
+                          sizeof(float) * q_dim);
+    }
+  }
+  backend_.StoreKv(kv, k, v, qkv_dim, na, meta_.slots);
+  backend_.Attention(q, qkv_dim, heads_, kv, rows, scale, attn_.as<float>());
+  backend_.Linear(attn_.as<float>(), na, w.wo, nullptr, proj);
+  RS_RETURN_IF_ERROR(all_reduce(proj));
+  backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
+  // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
+  backend_.RmsNorm(x, w.ffn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
+  backend_.Linear(xn, na, w.w_gate_up, nullptr, gate_up_.as<float>());
+  backend_.SwiGlu(gate_up_.as<float>(), na, ffn_, act_.as<float>());
+  backend_.Linear(act_.as<float>(), na, w.w_down, nullptr, proj);
+  RS_RETURN_IF_ERROR(all_reduce(proj));
+  backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::RunLmHead(const ForwardBatch& batch, std::vector<float>& logits) {
+  const ModelConfig& c = config_;
   const int32_t m = static_cast<int32_t>(batch.logit_rows.size());
   logits.clear();
   if (m == 0) return absl::OkStatus();
@@ -384,7 +391,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     }
     capacity_logit_rows_ = m;
   }
-  backend_.GatherRows(x, c.hidden, meta_.logit_rows, m, head_in_.as<float>());
+  backend_.GatherRows(x_.as<float>(), c.hidden, meta_.logit_rows, m, head_in_.as<float>());
   backend_.RmsNorm(head_in_.as<float>(), weights_.output_norm.as<float>(), m, c.hidden, c.rms_eps,
                    head_in_.as<float>());
   backend_.Linear(head_in_.as<float>(), m, weights_.lm_head_or_embedding(), nullptr,
@@ -418,33 +425,19 @@ absl::Status LlamaModel::GatherLogits(int32_t m, std::vector<float>& logits) {
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& groups,
-                                         int32_t& num_exact, ForwardBatch& batch,
-                                         std::vector<int32_t>& order, ForwardProfile* profile) {
+FilledRows LlamaModel::RowsOf(const FillGroup& g) const {
+  return FilledRows{g.split, g.count,
+                    x_.as<float>() + static_cast<size_t>(g.begin) * config_.hidden,
+                    meta_.rope_positions + g.begin, meta_.slots + g.begin};
+}
+
+absl::Status LlamaModel::PromoteRows(size_t gi, RowPlan& plan, ForwardProfile* profile) {
+  std::vector<FillGroup>& groups = plan.groups;
   FillGroup& g = groups[gi];
-  const RidgeFillSplitMaps& maps = *g.maps;
-  const int32_t hidden = config_.hidden;
-  if (maps.leverage_mean.empty() || g.count == 0) return absl::OkStatus();
-  // promote[i] = 1 when row g.begin + i is an outlier: decided on rank 0, broadcast.
+  if (g.count == 0 || !g.fill->SelectsExactRows(g.split)) return absl::OkStatus();
+  // promote[i] = 1 when row g.begin + i runs in full after all: decided on rank 0, broadcast.
   std::vector<int32_t> promote(g.count, 0);
-  if (shard_.rank == 0) {
-    // leverage = (h − μ) · (M h − M μ), with M h − M μ from one GEMM on the backend.
-    const float* h_s = x_.as<float>() + static_cast<size_t>(g.begin) * hidden;
-    backend_.Linear(h_s, g.count, maps.leverage_inverse, maps.leverage_bias.as<float>(),
-                    proj_.as<float>());
-    std::vector<float> h(static_cast<size_t>(g.count) * hidden), y(h.size());
-    backend_.CopyToHost(h.data(), h_s, sizeof(float) * h.size());
-    backend_.CopyToHost(y.data(), proj_.as<float>(), sizeof(float) * y.size());
-    for (int32_t i = 0; i < g.count; ++i) {
-      double leverage = 0;
-      for (int32_t j = 0; j < hidden; ++j) {
-        leverage +=
-            (static_cast<double>(h[static_cast<size_t>(i) * hidden + j]) - maps.leverage_mean[j]) *
-            y[static_cast<size_t>(i) * hidden + j];
-      }
-      promote[i] = leverage > max_leverage_;
-    }
-  }
+  if (shard_.rank == 0) g.fill->SelectExactRows(*this, RowsOf(g), promote);
   if (comm_ != nullptr) {
     const size_t bytes = sizeof(int32_t) * promote.size();
     backend_.CopyToDevice(perm_.as<void>(), promote.data(), bytes);
@@ -456,16 +449,17 @@ absl::Status LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& grou
   if (promoted.empty()) return absl::OkStatus();
   // Rotate rows [num_exact, g.begin + count): promoted rows join the exact prefix, the groups
   // of higher splits (still running full layers) move up behind them, the kept rows stay last.
+  ForwardBatch& batch = plan.batch;
   const int32_t n = batch.num_rows();
   const int32_t p = static_cast<int32_t>(promoted.size());
   std::vector<int32_t> perm(n);  // new row i comes from old row perm[i]
   std::iota(perm.begin(), perm.end(), 0);
-  int32_t next = num_exact;
+  int32_t next = plan.num_exact;
   for (int32_t r : promoted) perm[next++] = r;
-  for (int32_t r = num_exact; r < g.begin; ++r) perm[next++] = r;
+  for (int32_t r = plan.num_exact; r < g.begin; ++r) perm[next++] = r;
   for (int32_t r : kept) perm[next++] = r;
   backend_.CopyToDevice(perm_.as<void>(), perm.data(), sizeof(int32_t) * n);
-  backend_.GatherRows(x_.as<float>(), hidden, perm_.as<int32_t>(), n, head_in_.as<float>());
+  backend_.GatherRows(x_.as<float>(), config_.hidden, perm_.as<int32_t>(), n, head_in_.as<float>());
   std::swap(x_, head_in_);
   auto permute = [&](std::vector<int32_t>& v, int32_t* device) {
     std::vector<int32_t> old = v;
@@ -480,15 +474,55 @@ absl::Status LlamaModel::PromoteOutliers(size_t gi, std::vector<FillGroup>& grou
   }
   permute(batch.seq, meta_.seq);
   permute(batch.slots, meta_.slots);
-  permute(order, nullptr);
+  permute(plan.order, nullptr);
   if (profile != nullptr) {
-    for (int32_t i = num_exact; i < num_exact + p; ++i) profile->promoted_rows.push_back(order[i]);
+    for (int32_t i = plan.num_exact; i < plan.num_exact + p; ++i) {
+      profile->promoted_rows.push_back(plan.order[i]);
+    }
   }
-  num_exact += p;
+  plan.num_exact += p;
   for (size_t k = 0; k < gi; ++k) groups[k].begin += p;
   g.begin += p;
   g.count -= p;
   return absl::OkStatus();
+}
+
+void LlamaModel::StoreKvFromInput(int32_t layer, const float* in, const FilledRows& rows,
+                                  const KvLayerView& kv, const Weight* kv_weight,
+                                  const float* kv_bias, const float* k_norm_heads) {
+  const ModelConfig& c = config_;
+  const LayerWeights& w = weights_.layers[layer];
+  float* xn = xn_.as<float>();
+  float* kv_proj = qkv_.as<float>();
+  backend_.RmsNorm(in, w.attn_norm.as<float>(), rows.count, c.hidden, c.rms_eps, xn);
+  if (kv_weight != nullptr) {
+    backend_.Linear(xn, rows.count, *kv_weight, kv_bias, kv_proj);
+  } else {
+    // Only the K/V rows [q_dim, q_dim + 2 kv_dim) of the fused QKV projection.
+    const float* bias = w.bqkv.bytes() > 0 ? w.bqkv.as<float>() + q_dim_ : nullptr;
+    backend_.LinearRows(xn, rows.count, w.wqkv, q_dim_, 2 * kv_dim_, bias, kv_proj);
+  }
+  StoreKvFromProjection(layer, kv_proj, rows, kv, k_norm_heads);
+}
+
+void LlamaModel::StoreKvFromProjection(int32_t layer, float* kv_proj, const FilledRows& rows,
+                                       const KvLayerView& kv, const float* k_norm_heads) {
+  const ModelConfig& c = config_;
+  const int32_t stride = 2 * kv_dim_;
+  float* k = kv_proj;
+  float* v = kv_proj + kv_dim_;
+  if (c.qk_norm && k_norm_heads != nullptr) {
+    for (int32_t h = 0; h < kv_heads_; ++h) {
+      backend_.RmsNormHeads(k + h * c.head_dim, stride, rows.count, 1, c.head_dim,
+                            k_norm_heads + h * c.head_dim, c.rms_eps);
+    }
+  } else if (c.qk_norm) {
+    backend_.RmsNormHeads(k, stride, rows.count, kv_heads_, c.head_dim,
+                          weights_.layers[layer].k_norm.as<float>(), c.rms_eps);
+  }
+  backend_.Rope(k, stride, rows.count, kv_heads_, c.head_dim, rows.rope_positions,
+                weights_.rope_inv_freq.as<float>());
+  backend_.StoreKv(kv, k, v, stride, rows.count, rows.slots);
 }
 
 }  // namespace ridgeserve

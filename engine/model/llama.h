@@ -17,8 +17,8 @@
 
 namespace ridgeserve {
 
-class RidgeFillMaps;  // engine/ridgefill/ridgefill_maps.h
-struct RidgeFillSplitMaps;
+class LlamaModel;
+class RowFill;
 
 // One forward step: rows from one or more sequences. Every row's K/V is written to its slot
 // before attention, so rows of the same sequence in one step see each other causally.
@@ -32,16 +32,15 @@ struct ForwardBatch {
   std::vector<int32_t> block_table_offsets = {0};  // [num_seqs + 1]
   std::vector<int32_t> block_tables;
   std::vector<int32_t> logit_rows;  // rows whose logits are wanted, in output order
-  // RidgeFill, per row (empty = every row exact): -1 = exact row; s >= 0 = filled row with
-  // split layer s (LlamaModel::SetRidgeFillMaps must hold maps for s). A filled row runs
-  // layers 0..s exactly, then only writes K/V: at layer s + 1 from the exact h_s, at each
-  // layer l >= s + 2 from ĥ_l = W_l h_s + b_l. It gets no logits and its own row does not
-  // attend after layer s. Exact rows run every layer and see the filled rows' K/V.
+  // Layer plan per row (empty = every row runs every layer): -1 = the row runs every layer;
+  // s >= 0 = it runs layers 0..s in full and then is a filled row: in each layer l > s only
+  // its K/V are written, by row_fill[row] (RidgeFill's maps, engine/ridgefill/), from its
+  // residual h_s, frozen after layer s. A filled row gets no logits and does not attend after
+  // layer s; the rows running layer l in full see its K/V. Rows of one batch may have
+  // different fills (a server that swapped maps finishes each request on those it started
+  // with).
   std::vector<int32_t> fill_split;
-  // Per row beside fill_split, the maps a filled row uses (empty, or nullptr for a row: the
-  // model's, SetRidgeFillMaps). Rows of one batch may use different maps (a server that
-  // swapped maps finishes each request on the maps it started with).
-  std::vector<const RidgeFillMaps*> fill_maps;
+  std::vector<const RowFill*> row_fill;  // beside fill_split; non-null for every filled row
   // RoPE position per row where it differs from `positions` (empty: the same). `positions`
   // stay the rows' places in the cache (causal order and slots); SpecPC with original
   // positions runs its kept tokens at cache places 0.. with their prompt positions here.
@@ -61,6 +60,39 @@ struct ForwardBatch {
   }
   // Requests logits for every row (perplexity, reference comparisons).
   void RequestAllLogits();
+};
+
+// Filled rows of one split and one fill, as RowFill sees them: contiguous rows of the batch as
+// run, on the model's backend.
+struct FilledRows {
+  int32_t split_layer = 0;  // the last layer the rows ran in full
+  int32_t count = 0;
+  const float* h = nullptr;                 // [count, hidden]: h_s, the residual after split
+  const int32_t* rope_positions = nullptr;  // [count]
+  const int32_t* slots = nullptr;           // [count] KV-cache slots
+};
+
+// What writes filled rows' K/V in the layers above their split (ForwardBatch::fill_split):
+// RidgeFill's maps (engine/ridgefill/ridgefill_maps.h). The model knows layers, not maps; a
+// fill knows maps and composes the model's K/V steps (LlamaModel::StoreKvFromInput,
+// StoreKvFromProjection). Called on the thread running the model's Forward, with rows on its
+// backend; `model` is the rank running it.
+class RowFill {
+ public:
+  virtual ~RowFill() = default;
+  // Whether this fill can fill rows of `split_layer` on `model` (InvalidArgument naming what
+  // is missing otherwise); checked before the batch runs.
+  virtual absl::Status CheckSplit(const LlamaModel& model, int32_t split_layer) const = 0;
+  // Whether SelectExactRows may send rows of `split_layer` back to exact; the same answer on
+  // every rank. When false, SelectExactRows is not called.
+  virtual bool SelectsExactRows(int32_t split_layer) const = 0;
+  // Before layer split + 1, on rank 0 only (the model broadcasts the decision at TP > 1):
+  // sets exact[i] = 1 for each row i that should run every layer in full after all.
+  virtual void SelectExactRows(LlamaModel& model, const FilledRows& rows,
+                               std::span<int32_t> exact) const = 0;
+  // Writes layer `layer`'s (> split) K/V of the rows into `kv`.
+  virtual void WriteKv(LlamaModel& model, int32_t layer, const FilledRows& rows,
+                       const KvLayerView& kv) const = 0;
 };
 
 // Optional copy of the residual stream during Forward (offline tools: RidgeFill calibration).
@@ -92,8 +124,8 @@ struct ForwardProfile {
   };
   double full_layer_row_seconds = 0;  // mean seconds of one row through one full layer
   std::vector<Fill> fills;            // one per split present in the batch (rows still filled)
-  // Filled rows the leverage test ran exactly after all (batch row indices; see
-  // LlamaModel::SetRidgeFillMaxLeverage). Not counted in `fills`.
+  // Filled rows their fill sent back to exact (RowFill::SelectExactRows; RidgeFill's leverage
+  // test), as input batch row indices. Not counted in `fills`.
   std::vector<int32_t> promoted_rows;
 
   // Estimated seconds saved per filled row of `split_layer`: the num_layers - 1 - split full
@@ -133,44 +165,73 @@ class LlamaModel {
   void SetKvCacheDType(DType dtype) { kv_cache_dtype_ = dtype; }
   DType kv_cache_dtype() const { return kv_cache_dtype_; }
 
-  // Maps for rows with a fill split (nullptr = none; batches with filled rows then fail).
-  // Not owned; must outlive every Forward that uses them and live on this model's backend.
-  void SetRidgeFillMaps(const RidgeFillMaps* maps) { ridgefill_maps_ = maps; }
-  const RidgeFillMaps* ridgefill_maps() const { return ridgefill_maps_; }
-  // Leverage-based row selection (DESIGN.md): a filled row whose h_s has leverage
-  // (h_s − μ)ᵀ (G + λI)⁻¹ (h_s − μ) above `max_leverage` under its split's calibration Gram G
-  // runs every layer exactly instead (it lies far outside what the map was fitted on). 0 turns
-  // it off; maps without leverage data never promote.
-  void SetRidgeFillMaxLeverage(float max_leverage) { max_leverage_ = max_leverage; }
+  // The K/V steps a RowFill composes for `rows` (FilledRows) in layer `layer`; `kv` is that
+  // layer's cache. StoreKvFromInput: from the layer's input residual `in` [rows.count, hidden]
+  // (backend), as for a full row: input RMSNorm, the layer's K/V projection rows — or
+  // `kv_weight` and `kv_bias` ([2 kv_dim, hidden] and [2 kv_dim] or null) in their place —
+  // then StoreKvFromProjection. StoreKvFromProjection: from `kv_proj` [rows.count, 2 kv_dim]
+  // (K before QK-norm and RoPE, then V; overwritten): QK-norm with the layer's k_norm, or
+  // `k_norm_heads` [kv_heads, head_dim] (one weight per KV head), RoPE, store.
+  void StoreKvFromInput(int32_t layer, const float* in, const FilledRows& rows,
+                        const KvLayerView& kv, const Weight* kv_weight = nullptr,
+                        const float* kv_bias = nullptr, const float* k_norm_heads = nullptr);
+  void StoreKvFromProjection(int32_t layer, float* kv_proj, const FilledRows& rows,
+                             const KvLayerView& kv, const float* k_norm_heads = nullptr);
+  // Scratch a RowFill may use during its calls (backend, room for the batch's rows):
+  // `hidden` [rows, hidden] and `kv` [rows, 2 kv_dim]. StoreKvFromInput uses `kv` itself.
+  struct FillScratch {
+    float* hidden;
+    float* kv;
+  };
+  FillScratch fill_scratch() { return {proj_.as<float>(), qkv_.as<float>()}; }
 
   // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host; rank 0
   // only, other ranks leave it empty). A failed collective (the group aborted) is returned. With
   // `capture`, also copies the residual stream at capture->depths and the queries it asks for
   // (see ForwardCapture). With filled rows (batch.fill_split): logit rows must be exact rows,
-  // and capture and num_layers are not supported (InvalidArgument). Exact rows' results are
-  // bitwise those of the plain path.
+  // every filled row needs a fill that CheckSplit accepts, and residual capture and
+  // num_layers are not supported (InvalidArgument). Exact rows' results are bitwise those of
+  // the plain path, and a filled row the fill sends back to exact (SelectExactRows) runs as
+  // an exact row.
   // With `profile` and filled rows, layers are timed (the backend is synchronized per layer)
   // and the profile is filled; without filled rows the profile is left empty.
   absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>& logits,
                        ForwardCapture* capture = nullptr, ForwardProfile* profile = nullptr);
 
  private:
-  // Filled rows of one split layer and one set of maps, contiguous in the reordered batch.
+  // Filled rows of one split layer and one fill, contiguous in the reordered batch.
   struct FillGroup {
     int32_t split = 0;
     int32_t begin = 0;  // first row
     int32_t count = 0;
-    const RidgeFillSplitMaps* maps = nullptr;
+    const RowFill* fill = nullptr;
   };
-  // Writes layer `layer`'s K/V for a group's filled rows (layer > g.split) into `kv`: from the
-  // exact h_s at layer s + 1, from the RidgeFill map's prediction above (llama_fill.cc).
-  void WriteFilledKv(int32_t layer, const FillGroup& g, const KvLayerView& kv);
-  // Leverage-based row selection for groups[gi] at layer split + 1: its rows whose h_s is an
-  // outlier join the exact rows (rows permuted on the backend and in `batch`/`order`, group
+  // The batch as run: rows reordered so that exact rows come first, then filled rows by
+  // descending split, each split's rows by fill (see Forward).
+  struct RowPlan {
+    ForwardBatch batch;              // the reordered batch (unused when no row is filled)
+    std::vector<FillGroup> groups;   // in batch order: descending split
+    int32_t num_exact = 0;           // rows [0, num_exact) run every layer
+    std::vector<int32_t> order;      // input row of each reordered row
+    std::vector<int32_t> new_index;  // reordered row of each input row
+  };
+  // The batch's and the capture's arguments (InvalidArgument naming the bad one).
+  absl::Status CheckBatch(const ForwardBatch& batch, int32_t num_layers,
+                          const ForwardCapture* capture) const;
+  // Groups `input`'s filled rows into `plan` (plan->groups empty when no row is filled).
+  absl::Status PlanRows(const ForwardBatch& input, int32_t num_layers,
+                        const ForwardCapture* capture, RowPlan& plan) const;
+  // One layer in full for the first `na` rows: attention, then MLP, into x_.
+  absl::Status RunFullLayer(int32_t layer, int32_t na, const KvLayerView& kv,
+                            ForwardCapture* capture, std::span<const int32_t> query_rows);
+  // The group's rows as a RowFill sees them.
+  FilledRows RowsOf(const FillGroup& g) const;
+  // The fill's exact-row selection for plan.groups[gi] before layer split + 1: its rows sent
+  // back to exact join the exact prefix (rows permuted on the backend and in the plan, group
   // bounds and num_exact updated); their input rows are added to profile->promoted_rows.
-  absl::Status PromoteOutliers(size_t gi, std::vector<FillGroup>& groups, int32_t& num_exact,
-                               ForwardBatch& batch, std::vector<int32_t>& order,
-                               ForwardProfile* profile);
+  absl::Status PromoteRows(size_t gi, RowPlan& plan, ForwardProfile* profile);
+  // The LM head for the batch's logit rows into `logits` (rank 0; gathered at TP > 1).
+  absl::Status RunLmHead(const ForwardBatch& batch, std::vector<float>& logits);
   // The rank's head-sliced LM head output [m, shard.vocab] in logits_ → `logits` [m, vocab]
   // on rank 0, gathered from every rank.
   absl::Status GatherLogits(int32_t m, std::vector<float>& logits);
@@ -189,8 +250,6 @@ class LlamaModel {
   ModelWeights weights_;
   Backend& backend_;
   DType kv_cache_dtype_ = DType::kF32;
-  const RidgeFillMaps* ridgefill_maps_ = nullptr;
-  float max_leverage_ = 0;
 
   // The step's metadata on the backend, in one buffer (step_meta_) uploaded once per Forward:
   // per row token, position, sequence and slot, the logit rows, the block tables, the RoPE

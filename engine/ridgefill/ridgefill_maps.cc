@@ -202,7 +202,7 @@ absl::StatusOr<std::vector<RidgeFillSplitMaps>> LoadRank(const MapSet& maps, Lla
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(
-    const MapSet& maps, std::span<LlamaModel* const> ranks) {
+    const MapSet& maps, std::span<LlamaModel* const> ranks, float max_leverage) {
   const ModelConfig& config = ranks.front()->config();
   if (maps.model.num_layers != config.num_layers || maps.model.hidden != config.hidden ||
       maps.num_kv_heads != config.num_kv_heads || maps.head_dim != config.head_dim) {
@@ -215,11 +215,70 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RidgeFillMaps::Load(
   auto result = std::unique_ptr<RidgeFillMaps>(new RidgeFillMaps());
   static std::atomic<uint64_t> next_id{1};
   result->id_ = next_id++;
+  result->max_leverage_ = max_leverage;
   for (LlamaModel* rank : ranks) {
     RS_ASSIGN_OR_RETURN(std::vector<RidgeFillSplitMaps> splits, LoadRank(maps, *rank));
     result->by_rank_.push_back(std::move(splits));
   }
   return result;
+}
+
+absl::Status RidgeFillMaps::CheckSplit(const LlamaModel& model, int32_t split_layer) const {
+  if (FindSplit(split_layer, model.shard().rank) == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward: no RidgeFill maps for split layer ", split_layer));
+  }
+  return absl::OkStatus();
+}
+
+bool RidgeFillMaps::SelectsExactRows(int32_t split_layer) const {
+  const RidgeFillSplitMaps* maps = FindSplit(split_layer);
+  return max_leverage_ > 0 && maps != nullptr && !maps->leverage_mean.empty();
+}
+
+void RidgeFillMaps::SelectExactRows(LlamaModel& model, const FilledRows& rows,
+                                    std::span<int32_t> exact) const {
+  const RidgeFillSplitMaps& maps = *FindSplit(rows.split_layer, model.shard().rank);
+  const int32_t hidden = model.config().hidden;
+  Backend& backend = model.backend();
+  // leverage = (h − μ) · (M h − M μ), with M h − M μ from one GEMM on the backend.
+  float* mh = model.fill_scratch().hidden;
+  backend.Linear(rows.h, rows.count, maps.leverage_inverse, maps.leverage_bias.as<float>(), mh);
+  std::vector<float> h(static_cast<size_t>(rows.count) * hidden), y(h.size());
+  backend.CopyToHost(h.data(), rows.h, sizeof(float) * h.size());
+  backend.CopyToHost(y.data(), mh, sizeof(float) * y.size());
+  for (int32_t i = 0; i < rows.count; ++i) {
+    double leverage = 0;
+    for (int32_t j = 0; j < hidden; ++j) {
+      const size_t e = static_cast<size_t>(i) * hidden + j;
+      leverage += (static_cast<double>(h[e]) - maps.leverage_mean[j]) * y[e];
+    }
+    exact[i] = leverage > max_leverage_;
+  }
+}
+
+void RidgeFillMaps::WriteKv(LlamaModel& model, int32_t layer, const FilledRows& rows,
+                            const KvLayerView& kv) const {
+  if (layer == rows.split_layer + 1) {
+    model.StoreKvFromInput(layer, rows.h, rows, kv);  // layer s + 1 sees the exact h_s
+    return;
+  }
+  const RidgeFillSplitMaps& split = *FindSplit(rows.split_layer, model.shard().rank);
+  const RidgeFillLayerMap& map = split.by_layer[layer];
+  const LlamaModel::FillScratch scratch = model.fill_scratch();
+  Backend& backend = model.backend();
+  const float* k_norm = map.k_norm_scaled.bytes() > 0 ? map.k_norm_scaled.as<float>() : nullptr;
+  const float* kv_bias = map.kv_bias.bytes() > 0 ? map.kv_bias.as<float>() : nullptr;
+  if (split.folded) {
+    // post_norm / kv: K (before RoPE and QK-norm) and V straight from h_s.
+    backend.Linear(rows.h, rows.count, map.kv_weight, kv_bias, scratch.kv);
+    model.StoreKvFromProjection(layer, scratch.kv, rows, kv, k_norm);
+    return;
+  }
+  // pre_norm: ĥ_l = W_l h_s + b_l, then the layer's K/V (or the map's, the key scale folded in).
+  backend.Linear(rows.h, rows.count, map.weight, map.bias.as<float>(), scratch.hidden);
+  model.StoreKvFromInput(layer, scratch.hidden, rows, kv,
+                         map.kv_weight.empty() ? nullptr : &map.kv_weight, kv_bias, k_norm);
 }
 
 }  // namespace ridgeserve

@@ -1,6 +1,8 @@
-// RidgeFill maps on a backend: for each split layer s of a map file, what the fill path needs
-// to write the K/V of a filled row in every later layer l in [s + 2, L) from its h_s
-// (DESIGN.md, "RidgeFill — our definition"), uploaded once for LlamaModel's fill path.
+// RidgeFill maps on a backend, and RidgeFill's fill step: for each split layer s of a map file,
+// what writes the K/V of a filled row in every later layer l in [s + 2, L) from its h_s
+// (DESIGN.md, "RidgeFill — our definition"), uploaded once. RidgeFillMaps is the RowFill that
+// LlamaModel::Forward calls for filled rows (ForwardBatch::row_fill): the model runs layers, the
+// maps decide what a filled row's K/V are.
 //
 // Per target kind (MapFile's --map_target):
 //   pre_norm   ĥ_l = W_l h_s + b_l [hidden]; the layer's input RMSNorm and K/V projection
@@ -19,9 +21,7 @@
 // head h (after QK-norm, before RoPE) by γ_h. Folded into the K rows of the per-layer K/V
 // weights where it can be (no QK-norm); with QK-norm, into a per-head copy of k_norm.
 //
-// Dependency note: LlamaModel (rs_model) uses this type through its header only (struct
-// members, inline lookups); Load lives in rs_ridgefill_maps, which links rs_model and
-// rs_ridgefill, so there is no cycle.
+// Layer s + 1 sees the exact h_s (its input), so its K/V come from the layer's own projection.
 #ifndef RIDGESERVE_ENGINE_RIDGEFILL_RIDGEFILL_MAPS_H_
 #define RIDGESERVE_ENGINE_RIDGEFILL_RIDGEFILL_MAPS_H_
 
@@ -31,12 +31,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "engine/model/llama.h"
 #include "kernels/backend.h"
 
 namespace ridgeserve {
 
 struct MapSet;
-class LlamaModel;
 
 // One target layer's map on the backend: Weights packed from f32 ([out, in], Linear's layout),
 // biases and norms as f32 buffers.
@@ -72,21 +72,33 @@ struct RidgeFillSplitMaps {
 // input is full-width; each rank folds and applies its own KV heads' rows), each rank's on its
 // own backend, so use them only with the models they were loaded for. Read by the threads
 // running Forward (the engine thread, or every rank's).
-class RidgeFillMaps {
+class RidgeFillMaps : public RowFill {
  public:
   // Uploads (and for post_norm/kv folds) every split of `maps` for each of `ranks` (one model
   // at TP = 1; rank r's model at ranks[r], with no rank running meanwhile). Checks them
   // against the model's config: num_layers, hidden, num_kv_heads and head_dim equal, every
   // layer in [s + 2, L) has a map of the kind's shape, key scales finite and > 0
   // (InvalidArgument naming the split and layer otherwise). The model fingerprint is the
-  // MapFile::Open caller's job.
+  // MapFile::Open caller's job. `max_leverage`: the leverage test (DESIGN.md) sends a filled
+  // row whose h_s has leverage (h_s − μ)ᵀ (G + λI)⁻¹ (h_s − μ) above it, under its split's
+  // calibration Gram G, back to exact (it lies far outside what the map was fitted on); 0
+  // turns it off, and maps without leverage data never send a row back.
   static absl::StatusOr<std::unique_ptr<RidgeFillMaps>> Load(const MapSet& maps,
-                                                             std::span<LlamaModel* const> ranks);
-  static absl::StatusOr<std::unique_ptr<RidgeFillMaps>> Load(const MapSet& maps,
-                                                             LlamaModel& model) {
+                                                             std::span<LlamaModel* const> ranks,
+                                                             float max_leverage = 0);
+  static absl::StatusOr<std::unique_ptr<RidgeFillMaps>> Load(const MapSet& maps, LlamaModel& model,
+                                                             float max_leverage = 0) {
     LlamaModel* const one[] = {&model};
-    return Load(maps, one);
+    return Load(maps, one, max_leverage);
   }
+
+  // RowFill.
+  absl::Status CheckSplit(const LlamaModel& model, int32_t split_layer) const override;
+  bool SelectsExactRows(int32_t split_layer) const override;
+  void SelectExactRows(LlamaModel& model, const FilledRows& rows,
+                       std::span<int32_t> exact) const override;
+  void WriteKv(LlamaModel& model, int32_t layer, const FilledRows& rows,
+               const KvLayerView& kv) const override;
 
   // Rank `rank`'s maps for split layer `s`; nullptr when there are none.
   const RidgeFillSplitMaps* FindSplit(int32_t split_layer, int32_t rank = 0) const {
@@ -111,6 +123,7 @@ class RidgeFillMaps {
  private:
   std::vector<std::vector<RidgeFillSplitMaps>> by_rank_;  // [rank][split]
   uint64_t id_ = 0;
+  float max_leverage_ = 0;
 };
 
 }  // namespace ridgeserve

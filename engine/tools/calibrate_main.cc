@@ -477,378 +477,18 @@ struct SplitResult {
   float leverage_lambda = 0;
 };
 
+// One calibration, in its phases: flags, model and splits, text windows, the exact pass that
+// accumulates the statistics, the solve, the map files.
 class Calibrator {
  public:
   absl::Status Run() {
-    const std::string model_path = absl::GetFlag(FLAGS_model);
-    if (model_path.empty()) return absl::InvalidArgumentError("--model is required");
-    const std::string out = absl::GetFlag(FLAGS_out);
-    if (out.empty()) return absl::InvalidArgumentError("--out is required");
-    // Every (target, key scale) combination asked for is fitted from the same pass.
-    std::vector<MapTarget> kinds;
-    for (absl::string_view part :
-         absl::StrSplit(absl::GetFlag(FLAGS_map_target), ',', absl::SkipWhitespace())) {
-      RS_ASSIGN_OR_RETURN(const MapTarget kind,
-                          ParseMapTarget(std::string_view(part.data(), part.size())));
-      if (std::find(kinds.begin(), kinds.end(), kind) != kinds.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("--map_target: ", part, " given twice"));
-      }
-      kinds.push_back(kind);
-    }
-    std::vector<bool> key_scales;
-    for (absl::string_view part :
-         absl::StrSplit(absl::GetFlag(FLAGS_key_scale), ',', absl::SkipWhitespace())) {
-      if (part != "on" && part != "off") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--key_scale: want 'on' or 'off', got '", part, "'"));
-      }
-      if (std::find(key_scales.begin(), key_scales.end(), part == "on") != key_scales.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("--key_scale: ", part, " given twice"));
-      }
-      key_scales.push_back(part == "on");
-    }
-    if (kinds.empty() || key_scales.empty()) {
-      return absl::InvalidArgumentError("--map_target and --key_scale need a value");
-    }
-    if (kinds.size() > 1 && out.find("{target}") == std::string::npos) {
-      return absl::InvalidArgumentError("--out: several --map_target values need {target} in it");
-    }
-    if (key_scales.size() > 1 && out.find("{key_scale}") == std::string::npos) {
-      return absl::InvalidArgumentError("--out: several --key_scale values need {key_scale} in it");
-    }
-    const std::string lambda_flag = absl::GetFlag(FLAGS_lambda);
-    double fixed_lambda = -1;
-    if (lambda_flag != "auto" && (!absl::SimpleAtod(lambda_flag, &fixed_lambda) ||
-                                  !(fixed_lambda >= 0) || !std::isfinite(fixed_lambda))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--lambda: want 'auto' or a number >= 0, got '", lambda_flag, "'"));
-    }
-
-    RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
-                        cpu::ParseActivations(absl::GetFlag(FLAGS_cpu_activations)));
-    RS_ASSIGN_OR_RETURN(backend_,
-                        CreateCpuBackendFromEnvironment(absl::GetFlag(FLAGS_threads), activations));
-    RS_ASSIGN_OR_RETURN(ModelIdentity id, IdentifyModel(model_path));
-    RS_ASSIGN_OR_RETURN(model_, LoadModel(model_path, *backend_));
-    RS_ASSIGN_OR_RETURN(const DType kv_dtype,
-                        ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), *backend_));
-    model_->llama->SetKvCacheDType(kv_dtype);
-    const ModelConfig& c = model_->config;
-    const int32_t num_layers = c.num_layers;
-
-    std::vector<int32_t> splits;
-    for (absl::string_view part :
-         absl::StrSplit(absl::GetFlag(FLAGS_split_layers), ',', absl::SkipWhitespace())) {
-      int32_t s;
-      if (!absl::SimpleAtoi(part, &s) || s < 0 || s > num_layers - 3) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--split_layers: '", part, "' is not a layer in [0, ", num_layers - 3, "]"));
-      }
-      if (std::find(splits.begin(), splits.end(), s) != splits.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("--split_layers: ", s, " given twice"));
-      }
-      splits.push_back(s);
-    }
-    if (splits.empty()) return absl::InvalidArgumentError("--split_layers is required");
-    std::sort(splits.begin(), splits.end());
-
-    // Tokens: each file tokenised on its own (BOS where the model wants one), cut in windows.
-    const int32_t window = std::min(absl::GetFlag(FLAGS_window), c.context_length);
-    const int32_t chunk = absl::GetFlag(FLAGS_chunk);
-    const int32_t sink = absl::GetFlag(FLAGS_sink_tokens);
-    if (window < 2 || chunk < 1 || sink < 0 || sink >= window) {
-      return absl::InvalidArgumentError(
-          "need --window >= 2, --chunk >= 1, 0 <= --sink_tokens < --window");
-    }
-    std::vector<std::vector<int32_t>> windows;
-    int64_t total = 0;
-    const int64_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
-    for (absl::string_view file :
-         absl::StrSplit(absl::GetFlag(FLAGS_text), ',', absl::SkipWhitespace())) {
-      RS_ASSIGN_OR_RETURN(std::string text, ReadFile(std::string(file)));
-      std::vector<int32_t> tokens =
-          model_->tokenizer->Encode(text, /*add_bos=*/true, /*parse_special=*/false);
-      for (size_t b = 0; b < tokens.size(); b += window) {
-        if (max_tokens > 0 && total >= max_tokens) break;
-        size_t count = std::min<size_t>(window, tokens.size() - b);
-        if (max_tokens > 0) count = std::min<size_t>(count, max_tokens - total);
-        if (static_cast<int32_t>(count) <= sink) break;  // nothing left to learn from
-        windows.emplace_back(tokens.begin() + b, tokens.begin() + b + count);
-        total += count;
-      }
-    }
-    if (total == 0) return absl::InvalidArgumentError("--text: no calibration tokens");
-    // The last window measures the attention-output cosine and stays out of the statistics.
-    const bool attn_window = absl::GetFlag(FLAGS_attn_window) && windows.size() >= 2;
-
-    // Capture depths: s + 1 (leaving layer s) and every l in [s + 2, L) for each split.
-    ForwardCapture capture;
-    std::vector<int32_t> depth_slot(num_layers + 1, -1);
-    auto want_depth = [&](int32_t d) {
-      if (depth_slot[d] >= 0) return;
-      depth_slot[d] = static_cast<int32_t>(capture.depths.size());
-      capture.depths.push_back(d);
-    };
-    HoldoutOptions holdout{absl::GetFlag(FLAGS_holdout_every),
-                           absl::GetFlag(FLAGS_max_holdout_rows)};
-    std::vector<std::unique_ptr<KvProjector>> projectors(num_layers);
-    std::vector<std::vector<CalibrationAccumulator>> accumulators(kinds.size());  // [kind][split]
-    for (int32_t s : splits) {
-      want_depth(s + 1);
-      for (int32_t l = s + 2; l < num_layers; ++l) {
-        want_depth(l);
-        if (projectors[l] == nullptr) {
-          projectors[l] = std::make_unique<KvProjector>(*model_->llama, l);
-        }
-      }
-      for (size_t k = 0; k < kinds.size(); ++k) {
-        std::vector<int64_t> dims;
-        for (int32_t l = s + 2; l < num_layers; ++l) {
-          dims.push_back(projectors[l]->TargetDim(kinds[k]));
-        }
-        accumulators[k].emplace_back(c.hidden, std::move(dims), holdout);
-      }
-    }
-
-    // The exact pass. Targets of `kind` are computed from the captured residuals per layer.
-    RS_ASSIGN_OR_RETURN(
-        PagedKvCache cache,
-        PagedKvCache::Create(
-            *backend_, KvCacheShape{num_layers, c.num_kv_heads, c.head_dim, 16, (window + 15) / 16,
-                                    model_->llama->kv_cache_dtype()}));
-    BlockTable table;
-    std::vector<float> logits;
-    std::vector<std::vector<float>> targets(num_layers);
-    // During the pass OpenBLAS runs inside our OpenMP threads, one thread each: its own
-    // pthread pool would spin against the backend's OpenMP workers on the same cores (a third
-    // of the pass went to spinning). The solve below gets its threads back.
-    const int threads =
-        absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : omp_get_num_procs();
-    openblas_set_num_threads(1);
-    std::vector<std::vector<float>> attn_states(capture.depths.size());  // attention window
-    int64_t done = 0;
-    const auto start = Clock::now();
-    auto last_report = start;
-    for (size_t wi = 0; wi < windows.size(); ++wi) {
-      const std::vector<int32_t>& tokens = windows[wi];
-      const bool for_attn = attn_window && wi + 1 == windows.size();
-      RS_RETURN_IF_ERROR(table.Reserve(cache.pool(), static_cast<int32_t>(tokens.size()), 16));
-      for (size_t begin = 0; begin < tokens.size(); begin += chunk) {
-        const int32_t count = static_cast<int32_t>(std::min<size_t>(chunk, tokens.size() - begin));
-        ForwardBatch batch;
-        batch.AddSequence(table, 16, std::span(tokens).subspan(begin, count),
-                          static_cast<int32_t>(begin), /*want_logits=*/false);
-        RS_RETURN_IF_ERROR(model_->llama->Forward(batch, cache, logits, &capture));
-        done += count;
-        if (for_attn) {
-          for (size_t i = 0; i < capture.states.size(); ++i) {
-            attn_states[i].insert(attn_states[i].end(), capture.states[i].begin(),
-                                  capture.states[i].end());
-          }
-          continue;
-        }
-        // Rows at positions < sink stay out of the statistics.
-        const int32_t skip = std::clamp<int32_t>(sink - static_cast<int32_t>(begin), 0, count);
-        const int32_t rows = count - skip;
-        if (rows <= 0) continue;
-        const size_t offset = static_cast<size_t>(skip) * c.hidden;
-        // Layers' targets, then splits' statistics, each independent of the others: spread
-        // over this process's threads, each running single-threaded BLAS (set below).
-        for (size_t k = 0; k < kinds.size(); ++k) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-          for (int32_t l = 0; l < num_layers; ++l) {
-            if (projectors[l] == nullptr) continue;
-            projectors[l]->Target(kinds[k], capture.states[depth_slot[l]].data() + offset, rows,
-                                  targets[l]);
-          }
-          std::vector<absl::Status> added(splits.size());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-          for (size_t i = 0; i < splits.size(); ++i) {
-            const int32_t s = splits[i];
-            std::vector<const float*> ys;
-            for (int32_t l = s + 2; l < num_layers; ++l) ys.push_back(targets[l].data());
-            added[i] = accumulators[k][i].AddRows(capture.states[depth_slot[s + 1]].data() + offset,
-                                                  rows, ys);
-          }
-          for (const absl::Status& status : added) RS_RETURN_IF_ERROR(status);
-        }
-      }
-      table.Release(cache.pool());
-      if (SecondsSince(last_report) > 5 || done == total) {
-        last_report = Clock::now();
-        const double secs = SecondsSince(start);
-        std::fprintf(stderr, "calibrate: %lld/%lld tokens, %.1f tokens/s, %.0f s\n",
-                     static_cast<long long>(done), static_cast<long long>(total), done / secs,
-                     secs);
-      }
-    }
-    const double pass_seconds = SecondsSince(start);
-    openblas_set_num_threads(threads);
-    const int32_t attn_rows = attn_window ? static_cast<int32_t>(windows.back().size()) : 0;
-
-    // Solve and score: per split and target kind one Gram eigendecomposition, then every key
-    // scale choice.
-    const auto solve_start = Clock::now();
-    const int32_t kv_heads = c.num_kv_heads, head_dim = c.head_dim;
-    // results[k][j][i]: kind k, key scale j, split i.
-    std::vector<std::vector<std::vector<SplitResult>>> results(
-        kinds.size(), std::vector<std::vector<SplitResult>>(key_scales.size()));
-    for (size_t i = 0; i < splits.size(); ++i) {
-      const int32_t split = splits[i];
-      const float* attn_x = attn_window ? attn_states[depth_slot[split + 1]].data() : nullptr;
-      for (size_t k = 0; k < kinds.size(); ++k) {
-        const MapTarget kind = kinds[k];
-        const CalibrationStats stats = accumulators[k][i].Finish();
-        RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeSolver> solver, RidgeSolver::Create(stats));
-        for (size_t j = 0; j < key_scales.size(); ++j) {
-          const bool key_scale = key_scales[j];
-          SplitResult r;
-          r.split = split;
-          r.train_rows = stats.rows;
-          r.holdout_rows = stats.holdout_rows;
-          for (int t = 0; t < static_cast<int>(stats.targets.size()); ++t) {
-            const int32_t layer = split + 2 + t;
-            const KvProjector& projector = *projectors[layer];
-            const int64_t held = stats.holdout_rows;
-            const std::vector<float>& y_held = stats.targets[t].holdout_y;
-            std::vector<float> kv_actual, kv_pred;
-            if (held > 0) projector.ToKv(kind, y_held.data(), held, kv_actual);
-            RidgeFit fit;
-            if (fixed_lambda >= 0) {
-              RS_ASSIGN_OR_RETURN(fit, FitRidgeCholesky(stats, t, fixed_lambda));
-            } else {
-              // Scored on K/V as served: with the key scale fitted for that λ when it is on.
-              RidgeSelectOptions options;
-              options.error = [&](const HeldOutPrediction& p) {
-                projector.ToKv(kind, p.predicted.data(), p.rows, kv_pred);
-                if (key_scale) {
-                  ApplyKeyScale(KeyScale(kv_pred, kv_actual, p.rows, kv_heads, head_dim), p.rows,
-                                head_dim, kv_pred);
-                }
-                return CompareKv(kv_pred, kv_actual, p.rows, kv_heads, head_dim).kv_error;
-              };
-              RS_ASSIGN_OR_RETURN(fit, solver->FitSelect(t, options));
-            }
-            Quality q;
-            std::vector<float> scale;
-            if (held > 0) {
-              const std::vector<float> pred = Predict(fit, stats.holdout_x.data(), held, c.hidden);
-              projector.ToKv(kind, pred.data(), held, kv_pred);
-              // The scale is fitted on the held-out rows it is then scored on: kv_heads numbers
-              // per layer against ~1600 rows, so the optimism is small. key_norm_ratio is then
-              // ~1 by construction; the *_unscaled values are before the scale.
-              const Quality unscaled = CompareKv(kv_pred, kv_actual, held, kv_heads, head_dim);
-              q = unscaled;
-              if (key_scale) {
-                scale = KeyScale(kv_pred, kv_actual, held, kv_heads, head_dim);
-                ApplyKeyScale(scale, held, head_dim, kv_pred);
-                q = CompareKv(kv_pred, kv_actual, held, kv_heads, head_dim);
-              }
-              q.key_norm_ratio_unscaled = unscaled.key_norm_ratio;
-              q.head_key_norm_ratio = unscaled.head_key_norm_ratio;
-              q.r2 = RSquared(y_held, pred, held, fit.out_dim);
-            }
-            if (attn_window) {
-              const std::vector<float>& h_l = attn_states[depth_slot[layer]];
-              std::vector<float> queries, y_exact, kv_exact, kv_attn_pred;
-              projector.Queries(h_l.data(), attn_rows, queries);
-              projector.Target(kind, h_l.data(), attn_rows, y_exact);
-              projector.ToKv(kind, y_exact.data(), attn_rows, kv_exact);
-              const std::vector<float> pred = Predict(fit, attn_x, attn_rows, c.hidden);
-              projector.ToKv(kind, pred.data(), attn_rows, kv_attn_pred);
-              if (!scale.empty()) ApplyKeyScale(scale, attn_rows, head_dim, kv_attn_pred);
-              q.attn_cos = AttentionCosine(c, std::move(queries), std::move(kv_exact),
-                                           std::move(kv_attn_pred), attn_rows, sink);
-            }
-            r.fits.push_back(std::move(fit));
-            r.quality.push_back(std::move(q));
-            r.key_scale.push_back(std::move(scale));
-          }
-          // Leverage test for outlier rows, at the λ chosen for the first target (s + 2).
-          r.leverage_lambda = static_cast<float>(r.fits.front().lambda);
-          r.leverage_inverse = solver->RegularizedInverse(r.fits.front().lambda);
-          r.leverage_mean.assign(stats.mean.begin(), stats.mean.end());
-          results[k][j].push_back(std::move(r));
-        }
-      }
-    }
-    const double solve_seconds = SecondsSince(solve_start);
-
-    // One map file per (target, key scale).
-    Json reports = Json::array();
-    for (size_t k = 0; k < kinds.size(); ++k) {
-      for (size_t j = 0; j < key_scales.size(); ++j) {
-        std::string path =
-            absl::StrReplaceAll(out, {{"{target}", std::string(MapTargetName(kinds[k]))},
-                                      {"{key_scale}", key_scales[j] ? "on" : "off"}});
-        MapSet maps;
-        maps.model = id.fingerprint;
-        maps.num_kv_heads = c.num_kv_heads;
-        maps.head_dim = c.head_dim;
-        maps.kind = kinds[k];
-        for (const SplitResult& r : results[k][j]) {
-          SplitMaps sm;
-          sm.split_layer = r.split;
-          sm.leverage_lambda = r.leverage_lambda;
-          sm.leverage_inverse = r.leverage_inverse;
-          sm.leverage_mean = r.leverage_mean;
-          for (size_t t = 0; t < r.fits.size(); ++t) {
-            TargetMap tm;
-            tm.layer = r.split + 2 + static_cast<int32_t>(t);
-            tm.lambda = static_cast<float>(r.fits[t].lambda);
-            tm.out_dim = static_cast<int32_t>(r.fits[t].out_dim);
-            tm.weight = r.fits[t].weight;
-            tm.bias = r.fits[t].bias;
-            tm.key_scale = r.key_scale[t];
-            tm.diagnostics.r2 = static_cast<float>(r.quality[t].r2);
-            tm.diagnostics.k_cos = static_cast<float>(r.quality[t].k_cos);
-            tm.diagnostics.v_cos = static_cast<float>(r.quality[t].v_cos);
-            tm.diagnostics.key_norm_ratio = static_cast<float>(r.quality[t].key_norm_ratio);
-            tm.diagnostics.attn_cos = static_cast<float>(r.quality[t].attn_cos);
-            sm.targets.push_back(std::move(tm));
-          }
-          maps.splits.push_back(std::move(sm));
-        }
-        RS_RETURN_IF_ERROR(WriteMapFile(path, maps));
-
-        Json summary = MapSummary(maps);
-        summary["out"] = path;
-        summary["key_scale"] = key_scales[j] ? "on" : "off";
-        summary["tokens"] = total;
-        summary["windows"] = windows.size();
-        summary["window"] = window;
-        summary["sink_tokens"] = sink;
-        summary["attn_window_tokens"] = attn_rows;
-        summary["lambda_mode"] = fixed_lambda >= 0 ? "fixed" : "auto";
-        summary["pass_seconds"] = pass_seconds;
-        summary["tokens_per_second"] = total / pass_seconds;
-        summary["solve_seconds"] = solve_seconds;
-        for (size_t i = 0; i < results[k][j].size(); ++i) {
-          const SplitResult& r = results[k][j][i];
-          Json& js = summary["splits"][i];
-          js["train_rows"] = r.train_rows;
-          js["holdout_rows"] = r.holdout_rows;
-          for (size_t t = 0; t < r.fits.size(); ++t) {
-            const Quality& q = r.quality[t];
-            Json& jl = js["layers"][t];
-            jl["alpha"] = Num(r.fits[t].alpha);
-            jl["kv_error"] = Num(q.kv_error);
-            jl["key_norm_ratio_unscaled"] = Num(q.key_norm_ratio_unscaled);
-            jl["head_key_norm_ratio_unscaled"] = Json::array();
-            for (double h : q.head_key_norm_ratio) {
-              jl["head_key_norm_ratio_unscaled"].push_back(Num(h));
-            }
-          }
-        }
-        std::fprintf(stderr, "%s\n", path.c_str());
-        PrintTable(maps);
-        reports.push_back(std::move(summary));
-      }
-    }
-    // One combination: its summary; several: {"maps": [summary, ...]}.
-    const Json result = reports.size() == 1 ? reports[0] : Json{{"maps", reports}};
-    std::printf("%s\n", result.dump(2).c_str());
-    return absl::OkStatus();
+    RS_RETURN_IF_ERROR(ParseFlags());
+    RS_RETURN_IF_ERROR(LoadModelAndSplits());
+    RS_RETURN_IF_ERROR(ReadWindows());
+    PlanStatistics();
+    RS_RETURN_IF_ERROR(Pass());
+    RS_RETURN_IF_ERROR(Solve());
+    return WriteMaps();
   }
 
   static Json MapSummary(const MapSet& maps) {
@@ -898,8 +538,442 @@ class Calibrator {
   }
 
  private:
+  // --model, --out, --map_target, --key_scale, --lambda, --window, --chunk, --sink_tokens.
+  absl::Status ParseFlags() {
+    if (absl::GetFlag(FLAGS_model).empty()) {
+      return absl::InvalidArgumentError("--model is required");
+    }
+    out_ = absl::GetFlag(FLAGS_out);
+    if (out_.empty()) return absl::InvalidArgumentError("--out is required");
+    // Every (target, key scale) combination asked for is fitted from the same pass.
+    for (absl::string_view part :
+         absl::StrSplit(absl::GetFlag(FLAGS_map_target), ',', absl::SkipWhitespace())) {
+      RS_ASSIGN_OR_RETURN(const MapTarget kind,
+                          ParseMapTarget(std::string_view(part.data(), part.size())));
+      if (std::find(kinds_.begin(), kinds_.end(), kind) != kinds_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("--map_target: ", part, " given twice"));
+      }
+      kinds_.push_back(kind);
+    }
+    for (absl::string_view part :
+         absl::StrSplit(absl::GetFlag(FLAGS_key_scale), ',', absl::SkipWhitespace())) {
+      if (part != "on" && part != "off") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--key_scale: want 'on' or 'off', got '", part, "'"));
+      }
+      if (std::find(key_scales_.begin(), key_scales_.end(), part == "on") != key_scales_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("--key_scale: ", part, " given twice"));
+      }
+      key_scales_.push_back(part == "on");
+    }
+    if (kinds_.empty() || key_scales_.empty()) {
+      return absl::InvalidArgumentError("--map_target and --key_scale need a value");
+    }
+    if (kinds_.size() > 1 && out_.find("{target}") == std::string::npos) {
+      return absl::InvalidArgumentError("--out: several --map_target values need {target} in it");
+    }
+    if (key_scales_.size() > 1 && out_.find("{key_scale}") == std::string::npos) {
+      return absl::InvalidArgumentError("--out: several --key_scale values need {key_scale} in it");
+    }
+    const std::string lambda_flag = absl::GetFlag(FLAGS_lambda);
+    if (lambda_flag != "auto" && (!absl::SimpleAtod(lambda_flag, &fixed_lambda_) ||
+                                  !(fixed_lambda_ >= 0) || !std::isfinite(fixed_lambda_))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--lambda: want 'auto' or a number >= 0, got '", lambda_flag, "'"));
+    }
+    chunk_ = absl::GetFlag(FLAGS_chunk);
+    sink_ = absl::GetFlag(FLAGS_sink_tokens);
+    return absl::OkStatus();
+  }
+
+  // The model on the CPU backend and --split_layers checked against it.
+  absl::Status LoadModelAndSplits() {
+    const std::string model_path = absl::GetFlag(FLAGS_model);
+    RS_ASSIGN_OR_RETURN(const cpu::Activations activations,
+                        cpu::ParseActivations(absl::GetFlag(FLAGS_cpu_activations)));
+    RS_ASSIGN_OR_RETURN(backend_,
+                        CreateCpuBackendFromEnvironment(absl::GetFlag(FLAGS_threads), activations));
+    RS_ASSIGN_OR_RETURN(id_, IdentifyModel(model_path));
+    RS_ASSIGN_OR_RETURN(model_, LoadModel(model_path, *backend_));
+    RS_ASSIGN_OR_RETURN(const DType kv_dtype,
+                        ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), *backend_));
+    model_->llama->SetKvCacheDType(kv_dtype);
+    const int32_t num_layers = model_->config.num_layers;
+    for (absl::string_view part :
+         absl::StrSplit(absl::GetFlag(FLAGS_split_layers), ',', absl::SkipWhitespace())) {
+      int32_t s;
+      if (!absl::SimpleAtoi(part, &s) || s < 0 || s > num_layers - 3) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--split_layers: '", part, "' is not a layer in [0, ", num_layers - 3, "]"));
+      }
+      if (std::find(splits_.begin(), splits_.end(), s) != splits_.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("--split_layers: ", s, " given twice"));
+      }
+      splits_.push_back(s);
+    }
+    if (splits_.empty()) return absl::InvalidArgumentError("--split_layers is required");
+    std::sort(splits_.begin(), splits_.end());
+    return absl::OkStatus();
+  }
+
+  // Tokens: each file tokenised on its own (BOS where the model wants one), cut in windows.
+  absl::Status ReadWindows() {
+    window_ = std::min(absl::GetFlag(FLAGS_window), model_->config.context_length);
+    if (window_ < 2 || chunk_ < 1 || sink_ < 0 || sink_ >= window_) {
+      return absl::InvalidArgumentError(
+          "need --window >= 2, --chunk >= 1, 0 <= --sink_tokens < --window");
+    }
+    const int64_t max_tokens = absl::GetFlag(FLAGS_max_tokens);
+    for (absl::string_view file :
+         absl::StrSplit(absl::GetFlag(FLAGS_text), ',', absl::SkipWhitespace())) {
+      RS_ASSIGN_OR_RETURN(std::string text, ReadFile(std::string(file)));
+      std::vector<int32_t> tokens =
+          model_->tokenizer->Encode(text, /*add_bos=*/true, /*parse_special=*/false);
+      for (size_t b = 0; b < tokens.size(); b += window_) {
+        if (max_tokens > 0 && total_ >= max_tokens) break;
+        size_t count = std::min<size_t>(window_, tokens.size() - b);
+        if (max_tokens > 0) count = std::min<size_t>(count, max_tokens - total_);
+        if (static_cast<int32_t>(count) <= sink_) break;  // nothing left to learn from
+        windows_.emplace_back(tokens.begin() + b, tokens.begin() + b + count);
+        total_ += count;
+      }
+    }
+    if (total_ == 0) return absl::InvalidArgumentError("--text: no calibration tokens");
+    // The last window measures the attention-output cosine and stays out of the statistics.
+    attn_window_ = absl::GetFlag(FLAGS_attn_window) && windows_.size() >= 2;
+    return absl::OkStatus();
+  }
+
+  // Capture depths s + 1 (leaving layer s) and every l in [s + 2, L) for each split, the
+  // layers' target projectors and one accumulator per kind and split.
+  void PlanStatistics() {
+    const ModelConfig& c = model_->config;
+    const int32_t num_layers = c.num_layers;
+    depth_slot_.assign(num_layers + 1, -1);
+    auto want_depth = [&](int32_t d) {
+      if (depth_slot_[d] >= 0) return;
+      depth_slot_[d] = static_cast<int32_t>(capture_.depths.size());
+      capture_.depths.push_back(d);
+    };
+    const HoldoutOptions holdout{absl::GetFlag(FLAGS_holdout_every),
+                                 absl::GetFlag(FLAGS_max_holdout_rows)};
+    projectors_.resize(num_layers);
+    accumulators_.resize(kinds_.size());
+    for (int32_t s : splits_) {
+      want_depth(s + 1);
+      for (int32_t l = s + 2; l < num_layers; ++l) {
+        want_depth(l);
+        if (projectors_[l] == nullptr) {
+          projectors_[l] = std::make_unique<KvProjector>(*model_->llama, l);
+        }
+      }
+      for (size_t k = 0; k < kinds_.size(); ++k) {
+        std::vector<int64_t> dims;
+        for (int32_t l = s + 2; l < num_layers; ++l) {
+          dims.push_back(projectors_[l]->TargetDim(kinds_[k]));
+        }
+        accumulators_[k].emplace_back(c.hidden, std::move(dims), holdout);
+      }
+    }
+  }
+
+  // The exact pass over every window. Targets of each kind are computed from the captured
+  // residuals per layer and streamed into the accumulators; the attention window's residuals
+  // are kept instead.
+  absl::Status Pass() {
+    const ModelConfig& c = model_->config;
+    RS_ASSIGN_OR_RETURN(
+        PagedKvCache cache,
+        PagedKvCache::Create(*backend_,
+                             KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, 16,
+                                          (window_ + 15) / 16, model_->llama->kv_cache_dtype()}));
+    BlockTable table;
+    std::vector<float> logits;
+    targets_.resize(c.num_layers);
+    // During the pass OpenBLAS runs inside our OpenMP threads, one thread each: its own
+    // pthread pool would spin against the backend's OpenMP workers on the same cores (a third
+    // of the pass went to spinning). The solve gets its threads back.
+    threads_ =
+        absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads) : omp_get_num_procs();
+    openblas_set_num_threads(1);
+    attn_states_.resize(capture_.depths.size());
+    int64_t done = 0;
+    const auto start = Clock::now();
+    auto last_report = start;
+    for (size_t wi = 0; wi < windows_.size(); ++wi) {
+      const std::vector<int32_t>& tokens = windows_[wi];
+      const bool for_attn = attn_window_ && wi + 1 == windows_.size();
+      RS_RETURN_IF_ERROR(table.Reserve(cache.pool(), static_cast<int32_t>(tokens.size()), 16));
+      for (size_t begin = 0; begin < tokens.size(); begin += chunk_) {
+        const int32_t count = static_cast<int32_t>(std::min<size_t>(chunk_, tokens.size() - begin));
+        ForwardBatch batch;
+        batch.AddSequence(table, 16, std::span(tokens).subspan(begin, count),
+                          static_cast<int32_t>(begin), /*want_logits=*/false);
+        RS_RETURN_IF_ERROR(model_->llama->Forward(batch, cache, logits, &capture_));
+        done += count;
+        if (for_attn) {
+          for (size_t i = 0; i < capture_.states.size(); ++i) {
+            attn_states_[i].insert(attn_states_[i].end(), capture_.states[i].begin(),
+                                   capture_.states[i].end());
+          }
+          continue;
+        }
+        // Rows at positions < sink stay out of the statistics.
+        const int32_t skip = std::clamp<int32_t>(sink_ - static_cast<int32_t>(begin), 0, count);
+        if (count - skip > 0) RS_RETURN_IF_ERROR(Accumulate(skip, count - skip));
+      }
+      table.Release(cache.pool());
+      if (SecondsSince(last_report) > 5 || done == total_) {
+        last_report = Clock::now();
+        const double secs = SecondsSince(start);
+        std::fprintf(stderr, "calibrate: %lld/%lld tokens, %.1f tokens/s, %.0f s\n",
+                     static_cast<long long>(done), static_cast<long long>(total_), done / secs,
+                     secs);
+      }
+    }
+    pass_seconds_ = SecondsSince(start);
+    openblas_set_num_threads(threads_);
+    return absl::OkStatus();
+  }
+
+  // The captured rows [skip, skip + rows) of the last forward into every accumulator.
+  absl::Status Accumulate(int32_t skip, int32_t rows) {
+    const ModelConfig& c = model_->config;
+    const int32_t num_layers = c.num_layers;
+    const size_t offset = static_cast<size_t>(skip) * c.hidden;
+    // Layers' targets, then splits' statistics, each independent of the others: spread over
+    // this process's threads, each running single-threaded BLAS.
+    for (size_t k = 0; k < kinds_.size(); ++k) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+      for (int32_t l = 0; l < num_layers; ++l) {
+        if (projectors_[l] == nullptr) continue;
+        projectors_[l]->Target(kinds_[k], capture_.states[depth_slot_[l]].data() + offset, rows,
+                               targets_[l]);
+      }
+      std::vector<absl::Status> added(splits_.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
+      for (size_t i = 0; i < splits_.size(); ++i) {
+        const int32_t s = splits_[i];
+        std::vector<const float*> ys;
+        for (int32_t l = s + 2; l < num_layers; ++l) ys.push_back(targets_[l].data());
+        added[i] = accumulators_[k][i].AddRows(capture_.states[depth_slot_[s + 1]].data() + offset,
+                                               rows, ys);
+      }
+      for (const absl::Status& status : added) RS_RETURN_IF_ERROR(status);
+    }
+    return absl::OkStatus();
+  }
+
+  // Solve and score: per split and target kind one Gram eigendecomposition, then every key
+  // scale choice.
+  absl::Status Solve() {
+    const auto solve_start = Clock::now();
+    results_.assign(kinds_.size(), std::vector<std::vector<SplitResult>>(key_scales_.size()));
+    for (size_t i = 0; i < splits_.size(); ++i) {
+      for (size_t k = 0; k < kinds_.size(); ++k) {
+        const CalibrationStats stats = accumulators_[k][i].Finish();
+        RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeSolver> solver, RidgeSolver::Create(stats));
+        for (size_t j = 0; j < key_scales_.size(); ++j) {
+          RS_ASSIGN_OR_RETURN(SplitResult r,
+                              SolveSplit(splits_[i], kinds_[k], key_scales_[j], stats, *solver));
+          results_[k][j].push_back(std::move(r));
+        }
+      }
+    }
+    solve_seconds_ = SecondsSince(solve_start);
+    return absl::OkStatus();
+  }
+
+  // One split's maps for one kind and key-scale choice, with their held-out and
+  // attention-window quality.
+  absl::StatusOr<SplitResult> SolveSplit(int32_t split, MapTarget kind, bool key_scale,
+                                         const CalibrationStats& stats, RidgeSolver& solver) {
+    const ModelConfig& c = model_->config;
+    const int32_t kv_heads = c.num_kv_heads, head_dim = c.head_dim;
+    const int32_t attn_rows = attn_window_ ? static_cast<int32_t>(windows_.back().size()) : 0;
+    const float* attn_x = attn_window_ ? attn_states_[depth_slot_[split + 1]].data() : nullptr;
+    SplitResult r;
+    r.split = split;
+    r.train_rows = stats.rows;
+    r.holdout_rows = stats.holdout_rows;
+    for (int t = 0; t < static_cast<int>(stats.targets.size()); ++t) {
+      const int32_t layer = split + 2 + t;
+      const KvProjector& projector = *projectors_[layer];
+      const int64_t held = stats.holdout_rows;
+      const std::vector<float>& y_held = stats.targets[t].holdout_y;
+      std::vector<float> kv_actual, kv_pred;
+      if (held > 0) projector.ToKv(kind, y_held.data(), held, kv_actual);
+      RidgeFit fit;
+      if (fixed_lambda_ >= 0) {
+        RS_ASSIGN_OR_RETURN(fit, FitRidgeCholesky(stats, t, fixed_lambda_));
+      } else {
+        // Scored on K/V as served: with the key scale fitted for that λ when it is on.
+        RidgeSelectOptions options;
+        options.error = [&](const HeldOutPrediction& p) {
+          projector.ToKv(kind, p.predicted.data(), p.rows, kv_pred);
+          if (key_scale) {
+            ApplyKeyScale(KeyScale(kv_pred, kv_actual, p.rows, kv_heads, head_dim), p.rows,
+                          head_dim, kv_pred);
+          }
+          return CompareKv(kv_pred, kv_actual, p.rows, kv_heads, head_dim).kv_error;
+        };
+        RS_ASSIGN_OR_RETURN(fit, solver.FitSelect(t, options));
+      }
+      Quality q;
+      std::vector<float> scale;
+      if (held > 0) {
+        const std::vector<float> pred = Predict(fit, stats.holdout_x.data(), held, c.hidden);
+        projector.ToKv(kind, pred.data(), held, kv_pred);
+        // The scale is fitted on the held-out rows it is then scored on: kv_heads numbers per
+        // layer against ~1600 rows, so the optimism is small. key_norm_ratio is then ~1 by
+        // construction; the *_unscaled values are before the scale.
+        const Quality unscaled = CompareKv(kv_pred, kv_actual, held, kv_heads, head_dim);
+        q = unscaled;
+        if (key_scale) {
+          scale = KeyScale(kv_pred, kv_actual, held, kv_heads, head_dim);
+          ApplyKeyScale(scale, held, head_dim, kv_pred);
+          q = CompareKv(kv_pred, kv_actual, held, kv_heads, head_dim);
+        }
+        q.key_norm_ratio_unscaled = unscaled.key_norm_ratio;
+        q.head_key_norm_ratio = unscaled.head_key_norm_ratio;
+        q.r2 = RSquared(y_held, pred, held, fit.out_dim);
+      }
+      if (attn_window_) {
+        const std::vector<float>& h_l = attn_states_[depth_slot_[layer]];
+        std::vector<float> queries, y_exact, kv_exact, kv_attn_pred;
+        projector.Queries(h_l.data(), attn_rows, queries);
+        projector.Target(kind, h_l.data(), attn_rows, y_exact);
+        projector.ToKv(kind, y_exact.data(), attn_rows, kv_exact);
+        const std::vector<float> pred = Predict(fit, attn_x, attn_rows, c.hidden);
+        projector.ToKv(kind, pred.data(), attn_rows, kv_attn_pred);
+        if (!scale.empty()) ApplyKeyScale(scale, attn_rows, head_dim, kv_attn_pred);
+        q.attn_cos = AttentionCosine(c, std::move(queries), std::move(kv_exact),
+                                     std::move(kv_attn_pred), attn_rows, sink_);
+      }
+      r.fits.push_back(std::move(fit));
+      r.quality.push_back(std::move(q));
+      r.key_scale.push_back(std::move(scale));
+    }
+    // Leverage test for outlier rows, at the λ chosen for the first target (s + 2).
+    r.leverage_lambda = static_cast<float>(r.fits.front().lambda);
+    r.leverage_inverse = solver.RegularizedInverse(r.fits.front().lambda);
+    r.leverage_mean.assign(stats.mean.begin(), stats.mean.end());
+    return r;
+  }
+
+  // The maps of one (target, key scale) combination as a MapSet.
+  MapSet ToMapSet(const std::vector<SplitResult>& results, MapTarget kind) const {
+    const ModelConfig& c = model_->config;
+    MapSet maps;
+    maps.model = id_.fingerprint;
+    maps.num_kv_heads = c.num_kv_heads;
+    maps.head_dim = c.head_dim;
+    maps.kind = kind;
+    for (const SplitResult& r : results) {
+      SplitMaps sm;
+      sm.split_layer = r.split;
+      sm.leverage_lambda = r.leverage_lambda;
+      sm.leverage_inverse = r.leverage_inverse;
+      sm.leverage_mean = r.leverage_mean;
+      for (size_t t = 0; t < r.fits.size(); ++t) {
+        TargetMap tm;
+        tm.layer = r.split + 2 + static_cast<int32_t>(t);
+        tm.lambda = static_cast<float>(r.fits[t].lambda);
+        tm.out_dim = static_cast<int32_t>(r.fits[t].out_dim);
+        tm.weight = r.fits[t].weight;
+        tm.bias = r.fits[t].bias;
+        tm.key_scale = r.key_scale[t];
+        tm.diagnostics.r2 = static_cast<float>(r.quality[t].r2);
+        tm.diagnostics.k_cos = static_cast<float>(r.quality[t].k_cos);
+        tm.diagnostics.v_cos = static_cast<float>(r.quality[t].v_cos);
+        tm.diagnostics.key_norm_ratio = static_cast<float>(r.quality[t].key_norm_ratio);
+        tm.diagnostics.attn_cos = static_cast<float>(r.quality[t].attn_cos);
+        sm.targets.push_back(std::move(tm));
+      }
+      maps.splits.push_back(std::move(sm));
+    }
+    return maps;
+  }
+
+  // One map file per (target, key scale), its table on stderr; the summary JSON on stdout.
+  absl::Status WriteMaps() {
+    const int32_t attn_rows = attn_window_ ? static_cast<int32_t>(windows_.back().size()) : 0;
+    Json reports = Json::array();
+    for (size_t k = 0; k < kinds_.size(); ++k) {
+      for (size_t j = 0; j < key_scales_.size(); ++j) {
+        std::string path =
+            absl::StrReplaceAll(out_, {{"{target}", std::string(MapTargetName(kinds_[k]))},
+                                       {"{key_scale}", key_scales_[j] ? "on" : "off"}});
+        const MapSet maps = ToMapSet(results_[k][j], kinds_[k]);
+        RS_RETURN_IF_ERROR(WriteMapFile(path, maps));
+
+        Json summary = MapSummary(maps);
+        summary["out"] = path;
+        summary["key_scale"] = key_scales_[j] ? "on" : "off";
+        summary["tokens"] = total_;
+        summary["windows"] = windows_.size();
+        summary["window"] = window_;
+        summary["sink_tokens"] = sink_;
+        summary["attn_window_tokens"] = attn_rows;
+        summary["lambda_mode"] = fixed_lambda_ >= 0 ? "fixed" : "auto";
+        summary["pass_seconds"] = pass_seconds_;
+        summary["tokens_per_second"] = total_ / pass_seconds_;
+        summary["solve_seconds"] = solve_seconds_;
+        for (size_t i = 0; i < results_[k][j].size(); ++i) {
+          const SplitResult& r = results_[k][j][i];
+          Json& js = summary["splits"][i];
+          js["train_rows"] = r.train_rows;
+          js["holdout_rows"] = r.holdout_rows;
+          for (size_t t = 0; t < r.fits.size(); ++t) {
+            const Quality& q = r.quality[t];
+            Json& jl = js["layers"][t];
+            jl["alpha"] = Num(r.fits[t].alpha);
+            jl["kv_error"] = Num(q.kv_error);
+            jl["key_norm_ratio_unscaled"] = Num(q.key_norm_ratio_unscaled);
+            jl["head_key_norm_ratio_unscaled"] = Json::array();
+            for (double h : q.head_key_norm_ratio) {
+              jl["head_key_norm_ratio_unscaled"].push_back(Num(h));
+            }
+          }
+        }
+        std::fprintf(stderr, "%s\n", path.c_str());
+        PrintTable(maps);
+        reports.push_back(std::move(summary));
+      }
+    }
+    // One combination: its summary; several: {"maps": [summary, ...]}.
+    const Json result = reports.size() == 1 ? reports[0] : Json{{"maps", reports}};
+    std::printf("%s\n", result.dump(2).c_str());
+    return absl::OkStatus();
+  }
+
+  // Flags.
+  std::string out_;
+  std::vector<MapTarget> kinds_;
+  std::vector<bool> key_scales_;
+  double fixed_lambda_ = -1;  // < 0: auto
+  int32_t window_ = 0, chunk_ = 0, sink_ = 0;
+  // The model and its splits.
   std::unique_ptr<Backend> backend_;
+  ModelIdentity id_;
   std::unique_ptr<Model> model_;
+  std::vector<int32_t> splits_;  // ascending
+  // The text.
+  std::vector<std::vector<int32_t>> windows_;
+  int64_t total_ = 0;
+  bool attn_window_ = false;  // the last window measures the attention-output cosine
+  // The pass: what is captured, the targets and the statistics.
+  ForwardCapture capture_;
+  std::vector<int32_t> depth_slot_;                       // [depth] → capture slot, or -1
+  std::vector<std::unique_ptr<KvProjector>> projectors_;  // [layer] or null
+  std::vector<std::vector<CalibrationAccumulator>> accumulators_;  // [kind][split]
+  std::vector<std::vector<float>> targets_;                        // [layer] scratch
+  std::vector<std::vector<float>> attn_states_;  // [capture slot] the attention window's rows
+  int threads_ = 1;
+  double pass_seconds_ = 0;
+  // The solve: results_[k][j][i] for kind k, key scale j, split i.
+  std::vector<std::vector<std::vector<SplitResult>>> results_;
+  double solve_seconds_ = 0;
 };
 
 absl::Status Check(const std::string& map_path) {

@@ -61,7 +61,7 @@
 #include "engine/draft/spec_pc.h"
 #include "engine/model/model.h"
 #include "engine/parallel/rank_group.h"
-#include "engine/ridgefill_load.h"
+#include "engine/ridgefill/ridgefill_load.h"
 #include "engine/sampling/sampler.h"
 #include "engine/tools/eval_pareto.h"
 #include "engine/tools/eval_plot.h"
@@ -450,11 +450,11 @@ class Eval {
   absl::StatusOr<Json> Ttft() {
     TtftOptions o;
     RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    o.maps = maps_.maps.get();
     RS_ASSIGN_OR_RETURN(o, TtftFlags(std::move(o)));
     RS_ASSIGN_OR_RETURN(o.prompt_tokens, ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
     o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
     RS_ASSIGN_OR_RETURN(Json out, RunTtft(*model_, o));
-    model_->llama->SetRidgeFillMaps(nullptr);
     // With drafts, SpecPC's and SpecKV's times on the same prompts.
     RS_ASSIGN_OR_RETURN(const SpecPcEvalOptions spec_pc, SpecPcFlags());
     RS_ASSIGN_OR_RETURN(const SpecKvEvalOptions spec_kv, SpecKvFlags());
@@ -479,14 +479,15 @@ class Eval {
     return o;
   }
 
-  // Loads --maps onto the model and returns the splits to evaluate: --split_layer when given,
-  // else every split in the file.
+  // Loads --maps for the model (into maps_) and returns the splits to evaluate: --split_layer when
+  // given, else every split in the file.
   absl::StatusOr<std::vector<int32_t>> LoadMaps() {
     const std::string maps_path = absl::GetFlag(FLAGS_maps);
     if (maps_path.empty()) return absl::InvalidArgumentError("--maps is required");
     // The map file must have been fitted on this very model (fingerprint of its tensors).
-    RS_ASSIGN_OR_RETURN(maps_, LoadRidgeFillMaps(maps_path, *model_));
-    model_->llama->SetRidgeFillMaxLeverage(static_cast<float>(absl::GetFlag(FLAGS_max_leverage)));
+    RS_ASSIGN_OR_RETURN(maps_,
+                        LoadRidgeFillMaps(maps_path, *model_,
+                                          static_cast<float>(absl::GetFlag(FLAGS_max_leverage))));
     const RidgeFillMaps& maps = *maps_.maps;
     std::vector<int32_t> splits = maps.split_layers();
     if (const int32_t s = absl::GetFlag(FLAGS_split_layer); s >= 0) {
@@ -502,6 +503,7 @@ class Eval {
   absl::StatusOr<Json> Needle() {
     NeedleOptions o;
     RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    o.maps = maps_.maps.get();
     RS_ASSIGN_OR_RETURN(o, NeedleFlags(std::move(o)));
     RS_ASSIGN_OR_RETURN(o.lengths, ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
     o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
@@ -541,6 +543,7 @@ class Eval {
   absl::StatusOr<Json> DistantLoss() {
     DistantLossOptions o;
     RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    o.maps = maps_.maps.get();
     RS_ASSIGN_OR_RETURN(o, DistantLossFlags(std::move(o)));
     return RunDistantLoss(*model_, o);
   }
@@ -548,6 +551,7 @@ class Eval {
   absl::StatusOr<Json> Splice() {
     SpliceOptions o;
     RS_ASSIGN_OR_RETURN(o.window.splits, LoadMaps());
+    o.window.maps = maps_.maps.get();
     RS_ASSIGN_OR_RETURN(o.window, DistantLossFlags(std::move(o.window)));
     o.per_layer = absl::GetFlag(FLAGS_per_layer);
     return RunSplice(*model_, o);
@@ -556,6 +560,7 @@ class Eval {
   absl::StatusOr<Json> Pareto() {
     ParetoOptions o;
     RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    o.maps = maps_.maps.get();
     RS_ASSIGN_OR_RETURN(o.prompt_tokens, ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
     RS_ASSIGN_OR_RETURN(o.tails, ParseIntList("tails", absl::GetFlag(FLAGS_tails)));
     RS_ASSIGN_OR_RETURN(o.ttft, TtftFlags(TtftOptions{}));

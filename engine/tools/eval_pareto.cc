@@ -119,16 +119,19 @@ absl::StatusOr<Json> RunPareto(Model& model, const ParetoOptions& o) {
       t.prompt_tokens = {length};
       t.exact_tail_tokens = tail;
       t.splits = o.splits;
+      t.maps = o.maps;
       RS_ASSIGN_OR_RETURN(const Json ttft, RunTtft(model, t));
       NeedleOptions n = o.needle;
       n.lengths = {length};
       n.exact_tail_tokens = tail;
       n.splits = o.splits;
+      n.maps = o.maps;
       RS_ASSIGN_OR_RETURN(const Json needle, RunNeedle(model, n));
       DistantLossOptions d = o.distant;
       d.prompt_tokens = length;
       d.exact_tail_tokens = tail;
       d.splits = o.splits;
+      d.maps = o.maps;
       RS_ASSIGN_OR_RETURN(const Json distant, RunDistantLoss(model, d));
       for (size_t s = 0; s < o.splits.size(); ++s) {
         const int32_t split = o.splits[s];

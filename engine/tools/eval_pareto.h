@@ -23,8 +23,9 @@ struct ParetoOptions {
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> tails;  // exact_tail_tokens values
   std::vector<int32_t> splits;
-  TtftOptions ttft;            // prompt_source, repetitions, chunk (lengths, tail, splits set)
-  NeedleOptions needle;        // haystack_text, depths, trials, seed, chunk
+  const RidgeFillMaps* maps = nullptr;  // with every split in `splits`
+  TtftOptions ttft;      // prompt_source, repetitions, chunk (lengths, tail, splits, maps set)
+  NeedleOptions needle;  // haystack_text, depths, trials, seed, chunk
   DistantLossOptions distant;  // text, windows, distant_threshold_nats, chunk
   SpecPcEvalOptions spec_pc;   // no drafts: no SpecPC points
   SpecKvEvalOptions spec_kv;   // no drafts: no SpecKV points

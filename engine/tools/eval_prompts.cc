@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "engine/ridgefill_plan.h"
+#include "engine/ridgefill/ridgefill_plan.h"
 
 namespace ridgeserve {
 

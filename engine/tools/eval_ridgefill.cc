@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
 #include "engine/ridgefill/ridgefill_maps.h"
-#include "engine/ridgefill_plan.h"
+#include "engine/ridgefill/ridgefill_plan.h"
 #include "engine/tools/eval_scoring.h"
 #include "engine/tools/sequence_runner.h"
 #include "spdlog/spdlog.h"
@@ -27,20 +27,20 @@ constexpr int32_t kSinkTokens = RidgeFillPlanOptions{}.sink_tokens;
 
 // RidgeFill of `tokens` as one Append with the server's planner and its defaults (the sinks,
 // the last `exact_tail` rows and special tokens stay exact).
-absl::StatusOr<RidgeFillRun> PlanFill(const Model& model, std::span<const int32_t> tokens,
-                                      int32_t split, int32_t exact_tail) {
+absl::StatusOr<RidgeFillRun> PlanFill(const Model& model, const RidgeFillMaps* maps,
+                                      std::span<const int32_t> tokens, int32_t split,
+                                      int32_t exact_tail) {
   RidgeFillPlanOptions plan;
   plan.exact_tail_tokens = exact_tail;
-  RidgeFillRun fill{split, {}};
+  RidgeFillRun fill{split, {}, maps};
   RS_ASSIGN_OR_RETURN(fill.filled_rows, PlanRidgeFillRows(tokens, plan, [&](int32_t t) {
                         return model.tokenizer->IsSpecial(t);
                       }));
   return fill;
 }
 
-absl::Status CheckSplits(const Model& model, const std::vector<int32_t>& splits) {
+absl::Status CheckSplits(const RidgeFillMaps* maps, const std::vector<int32_t>& splits) {
   if (splits.empty()) return absl::InvalidArgumentError("no split layers to evaluate");
-  const RidgeFillMaps* maps = model.llama->ridgefill_maps();
   for (int32_t s : splits) {
     if (maps == nullptr || maps->FindSplit(s) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("no RidgeFill maps for split layer ", s));
@@ -52,7 +52,7 @@ absl::Status CheckSplits(const Model& model, const std::vector<int32_t>& splits)
 }  // namespace
 
 absl::StatusOr<Json> RunNeedle(Model& model, const NeedleOptions& o) {
-  RS_RETURN_IF_ERROR(CheckSplits(model, o.splits));
+  RS_RETURN_IF_ERROR(CheckSplits(o.maps, o.splits));
   std::vector<NeedleVariant> variants;
   for (int32_t split : o.splits) {
     variants.push_back({{{"split_layer", split}}, absl::StrCat("ridgefill_", split)});
@@ -61,9 +61,9 @@ absl::StatusOr<Json> RunNeedle(Model& model, const NeedleOptions& o) {
       Json results,
       RunNeedleTrials(model, o, variants, "ridgefill",
                       [&](size_t v, const NeedlePrompt& prompt) -> absl::StatusOr<std::string> {
-                        RS_ASSIGN_OR_RETURN(
-                            const RidgeFillRun fill,
-                            PlanFill(model, prompt.tokens, o.splits[v], o.exact_tail_tokens));
+                        RS_ASSIGN_OR_RETURN(const RidgeFillRun fill,
+                                            PlanFill(model, o.maps, prompt.tokens, o.splits[v],
+                                                     o.exact_tail_tokens));
                         return GreedyAnswer(model, prompt.tokens, &fill, o.new_tokens, o.chunk);
                       }));
   for (Json& row : results) {
@@ -73,7 +73,7 @@ absl::StatusOr<Json> RunNeedle(Model& model, const NeedleOptions& o) {
 }
 
 absl::StatusOr<Json> RunDistantLoss(Model& model, const DistantLossOptions& o) {
-  RS_RETURN_IF_ERROR(CheckSplits(model, o.splits));
+  RS_RETURN_IF_ERROR(CheckSplits(o.maps, o.splits));
   RS_ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> windows, MakeWindows(model, o));
   const int32_t p = o.prompt_tokens;
   // Window layout: prefix rows 0 .. f - 1, tail rows f .. p - 1. Scored: targets
@@ -86,7 +86,7 @@ absl::StatusOr<Json> RunDistantLoss(Model& model, const DistantLossOptions& o) {
     RS_RETURN_IF_ERROR(tally.AddWindow(model, window, f, o.chunk));
     for (size_t s = 0; s < o.splits.size(); ++s) {
       RS_ASSIGN_OR_RETURN(const RidgeFillRun fill,
-                          PlanFill(model, std::span(window).first(f + 1), o.splits[s], 1));
+                          PlanFill(model, o.maps, std::span(window).first(f + 1), o.splits[s], 1));
       RS_ASSIGN_OR_RETURN(std::vector<double> rf, ScoreFrom(model, window, f, &fill, o.chunk));
       tally.AddVariant(s, rf);
     }
@@ -112,7 +112,7 @@ absl::StatusOr<Json> RunDistantLoss(Model& model, const DistantLossOptions& o) {
 }
 
 absl::StatusOr<Json> RunTtft(Model& model, const TtftOptions& o) {
-  RS_RETURN_IF_ERROR(CheckSplits(model, o.splits));
+  RS_RETURN_IF_ERROR(CheckSplits(o.maps, o.splits));
   const int32_t tail = o.exact_tail_tokens;
   if (tail < 1 || o.repetitions < 1 || o.chunk < 1) {
     return absl::InvalidArgumentError(
@@ -124,7 +124,7 @@ absl::StatusOr<Json> RunTtft(Model& model, const TtftOptions& o) {
                         TtftPrompt(model.config, length, o.prompt_source));
     PrefillTimer timer(model, length, o.chunk);
     for (int32_t split : o.splits) {
-      RS_ASSIGN_OR_RETURN(const RidgeFillRun fill, PlanFill(model, tokens, split, tail));
+      RS_ASSIGN_OR_RETURN(const RidgeFillRun fill, PlanFill(model, o.maps, tokens, split, tail));
       double exact = std::numeric_limits<double>::infinity();
       double ridgefill = std::numeric_limits<double>::infinity();
       double estimated = 0;                          // from the fastest RidgeFill run
@@ -243,7 +243,7 @@ void Splice(const SpliceVariant& variant, const HostKv& a, const HostKv& b, int3
 
 absl::StatusOr<Json> RunSplice(Model& model, const SpliceOptions& options) {
   const DistantLossOptions& o = options.window;
-  RS_RETURN_IF_ERROR(CheckSplits(model, o.splits));
+  RS_RETURN_IF_ERROR(CheckSplits(o.maps, o.splits));
   RS_ASSIGN_OR_RETURN(const std::vector<std::vector<int32_t>> windows, MakeWindows(model, o));
   const ModelConfig& c = model.config;
   const int32_t p = o.prompt_tokens;
@@ -307,7 +307,7 @@ absl::StatusOr<Json> RunSplice(Model& model, const SpliceOptions& options) {
       const int32_t split = o.splits[s];
       // B: RidgeFill prefix (row f, exact, only closes the Append and is overwritten below).
       RS_ASSIGN_OR_RETURN(const RidgeFillRun fill,
-                          PlanFill(model, std::span(window).first(f + 1), split, 1));
+                          PlanFill(model, o.maps, std::span(window).first(f + 1), split, 1));
       b.Reset();
       RS_RETURN_IF_ERROR(
           b.Append(std::span(window).subspan(0, f + 1), o.chunk, false, logits, &fill));

@@ -5,8 +5,8 @@
 // one of the same prompt (eval_prompts.h) and returns one JSON object; eval_pareto.h puts them
 // beside the other methods.
 //
-// Threading: single-threaded; the model (and the maps set on it) is used exclusively by the
-// caller's thread for the duration of a call.
+// Threading: single-threaded; the model and the maps are used exclusively by the caller's
+// thread for the duration of a call.
 #ifndef RIDGESERVE_ENGINE_TOOLS_EVAL_RIDGEFILL_H_
 #define RIDGESERVE_ENGINE_TOOLS_EVAL_RIDGEFILL_H_
 
@@ -21,23 +21,26 @@
 
 namespace ridgeserve {
 
+class RidgeFillMaps;  // engine/ridgefill/ridgefill_maps.h
+
 struct TtftOptions : TtftSetup {
   int32_t exact_tail_tokens = 1024;
   std::vector<int32_t> splits;
+  const RidgeFillMaps* maps = nullptr;  // loaded for the model, with every split in `splits`
 };
 
 // Prefill time to the first token's logits, exact and RidgeFill alternated in one process
-// (so drift hits both alike), the minimum of `repetitions` runs each. Needs maps as for
-// RunNeedle. {"results": [{"prompt_tokens", "split_layer", "exact_tail_tokens",
-// "filled_tokens", "exact_seconds", "ridgefill_seconds", "speedup", "measured_saved_seconds",
-// "estimated_saved_seconds" (the engine's in-pass estimate of the fastest RidgeFill run)}]}.
+// (so drift hits both alike), the minimum of `repetitions` runs each. {"results":
+// [{"prompt_tokens", "split_layer", "exact_tail_tokens", "filled_tokens", "exact_seconds",
+// "ridgefill_seconds", "speedup", "measured_saved_seconds", "estimated_saved_seconds" (the engine's
+// in-pass estimate of the fastest RidgeFill run)}]}.
 absl::StatusOr<nlohmann::json> RunTtft(Model& model, const TtftOptions& options);
 
 struct NeedleOptions : NeedleSetup {
-  std::vector<int32_t> splits;  // split layers to evaluate (maps must be set on the model)
+  std::vector<int32_t> splits;          // split layers to evaluate
+  const RidgeFillMaps* maps = nullptr;  // as TtftOptions'
 };
 
-// Needs model.llama->SetRidgeFillMaps() with maps for every split in `options.splits`.
 // {"results": [{"prompt_tokens", "depth", "split_layer", "exact_accuracy",
 //   "ridgefill_accuracy", ...}], ...}. The needle is placed inside the filled region
 // [sink, prompt_tokens - exact_tail_tokens) when it fits there, else (no filled region, e.g.
@@ -48,11 +51,12 @@ absl::StatusOr<nlohmann::json> RunNeedle(Model& model, const NeedleOptions& opti
 // The prefix (prompt_tokens - exact_tail_tokens) is filled, the tail exact.
 struct DistantLossOptions : DistantLossSetup {
   std::vector<int32_t> splits;
+  const RidgeFillMaps* maps = nullptr;  // as TtftOptions'
 };
 
 // Scores the tail's tokens 2..T (predicted from exact tail rows; the first tail token's
 // predictor is the last prefix row, which is filled) for: exact full context, RidgeFill
-// (prefix filled with split s) and the tail alone (exact). Needs maps as for RunNeedle.
+// (prefix filled with split s) and the tail alone (exact).
 // {"splits": [{"split_layer", "all_tokens": {"count", "exact_nll", "ridgefill_nll",
 //   "tail_only_nll"}, "distant_tokens": {"count", "exact_nll", "ridgefill_nll",
 //   "relative_increase"}}], ...}; with one split its fields are also at the top level.

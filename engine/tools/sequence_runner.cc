@@ -72,8 +72,11 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
                       /*want_logits=*/fill == nullptr || begin + count == tokens.size());
     if (fill != nullptr) {
       batch.fill_split.resize(count, -1);
+      batch.row_fill.resize(count, nullptr);
       for (size_t i = 0; i < count; ++i) {
-        if (fill->filled_rows[begin + i] != 0) batch.fill_split[i] = fill->split_layer;
+        if (fill->filled_rows[begin + i] == 0) continue;
+        batch.fill_split[i] = fill->split_layer;
+        batch.row_fill[i] = fill->maps;
       }
     }
     if (all_logits) batch.RequestAllLogits();

@@ -17,15 +17,13 @@
 
 namespace ridgeserve {
 
-// RidgeFill for one Append: the first `filled_tokens` appended tokens are filled rows with
-// split `split_layer` (the model needs maps for it), except positions < sink_tokens, which
-// stay exact (attention sinks; matches ridgeserve-calibrate's --sink_tokens default).
-// A RidgeFill Append: per appended token, 1 = filled at split_layer, 0 = exact — the rows
-// PlanRidgeFillRows picks for the server (engine/ridgefill_plan.h), so tools measure the
-// policy that is served.
+// A RidgeFill Append: per appended token, 1 = filled at split_layer by `maps`, 0 = exact — the
+// rows PlanRidgeFillRows picks for the server (engine/ridgefill/ridgefill_plan.h), so tools
+// measure the policy that is served.
 struct RidgeFillRun {
   int32_t split_layer = -1;
   std::vector<uint8_t> filled_rows;
+  const RowFill* maps = nullptr;  // RidgeFillMaps (engine/ridgefill/ridgefill_maps.h)
 
   int32_t filled() const {
     return static_cast<int32_t>(std::count(filled_rows.begin(), filled_rows.end(), uint8_t{1}));

@@ -1,10 +1,12 @@
 // Batch invariance of the whole forward pass on the default model: a sequence's logits are
 // bitwise the same alone, split into prefill chunks, and batched with other sequences (some
-// prefilling, some decoding).
+// prefilling, some decoding). And the contract of filled rows (ForwardBatch::fill_split) with
+// a fill that is not RidgeFill's: rows it sends back to exact run as exact rows.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -108,6 +110,82 @@ TEST_F(ForwardTest, RopePositionsShiftTheAttentionAsRelativePositions) {
   EXPECT_GT(gap_diff, 1.0f);     // measured 11.5
   std::printf("max |logit difference|: shifted by 700 %.3g, gap of 500 %.3g\n", shift_diff,
               gap_diff);
+}
+
+// A fill without maps: in every layer above the split it writes the K/V that h_s would give as
+// that layer's input (an identity "map"), and it sends back to exact every `send_back`-th row
+// of each group (0: none).
+class IdentityFill : public RowFill {
+ public:
+  explicit IdentityFill(int32_t send_back) : send_back_(send_back) {}
+  absl::Status CheckSplit(const LlamaModel& model, int32_t split_layer) const override {
+    if (split_layer + 2 > model.config().num_layers) {
+      return absl::InvalidArgumentError("split too high");
+    }
+    return absl::OkStatus();
+  }
+  bool SelectsExactRows(int32_t) const override { return send_back_ > 0; }
+  void SelectExactRows(LlamaModel&, const FilledRows& rows,
+                       std::span<int32_t> exact) const override {
+    for (int32_t i = 0; i < rows.count; ++i) exact[i] = (i + 1) % send_back_ == 0;
+  }
+  void WriteKv(LlamaModel& model, int32_t layer, const FilledRows& rows,
+               const KvLayerView& kv) const override {
+    model.StoreKvFromInput(layer, rows.h, rows, kv);
+  }
+
+ private:
+  int32_t send_back_;
+};
+
+TEST_F(ForwardTest, FilledRowsSentBackToExactRunAsExactRows) {
+  const std::vector<int32_t> tokens = RandomTokens(64, 7);
+  const int32_t split = 10;
+  // The last row's logits, and how many filled rows the fill sent back to exact.
+  auto last_logits = [&](const RidgeFillRun* fill, int32_t& promoted) {
+    SequenceRunner runner(*model_->llama, static_cast<int32_t>(tokens.size()));
+    std::vector<float> logits;
+    EXPECT_TRUE(runner.Append(tokens, 64, false, logits, fill).ok());
+    promoted = runner.promoted_rows();
+    return logits;
+  };
+  auto filled_logits = [&](const std::vector<uint8_t>& rows, const IdentityFill& fill,
+                           int32_t& promoted) {
+    const RidgeFillRun run{split, rows, &fill};
+    return last_logits(&run, promoted);
+  };
+  int32_t promoted = -1;
+  const std::vector<float> exact = last_logits(nullptr, promoted);
+  std::vector<uint8_t> rows(tokens.size(), 0);
+  std::fill(rows.begin() + 4, rows.end() - 4, uint8_t{1});  // 56 filled rows
+  const IdentityFill keep(0), all_back(1), every_second_back(2);
+
+  const std::vector<float> filled = filled_logits(rows, keep, promoted);
+  EXPECT_NE(filled, exact);  // the filled rows' K/V changed the exact last row's attention
+  EXPECT_EQ(promoted, 0);
+  EXPECT_EQ(filled_logits(rows, all_back, promoted), exact);
+  EXPECT_EQ(promoted, 56);
+
+  // Sending back rows mid-forward (permuted after layer `split`) equals planning them exact.
+  std::vector<uint8_t> planned = rows;
+  for (int32_t i = 0, k = 0; i < static_cast<int32_t>(rows.size()); ++i) {
+    if (rows[i] != 0 && ++k % 2 == 0) planned[i] = 0;
+  }
+  const std::vector<float> sent_back = filled_logits(rows, every_second_back, promoted);
+  EXPECT_EQ(promoted, 28);
+  int32_t none = -1;
+  EXPECT_EQ(sent_back, filled_logits(planned, keep, none));
+  EXPECT_NE(sent_back, exact);
+
+  // A fill that refuses the split, and a filled row without a fill, are InvalidArgument.
+  SequenceRunner runner(*model_->llama, static_cast<int32_t>(tokens.size()));
+  std::vector<float> logits;
+  const RidgeFillRun too_high{model_->config.num_layers - 1, rows, &keep};
+  EXPECT_EQ(runner.Append(tokens, 64, false, logits, &too_high).code(),
+            absl::StatusCode::kInvalidArgument);
+  const RidgeFillRun no_fill{split, rows, nullptr};
+  EXPECT_EQ(runner.Append(tokens, 64, false, logits, &no_fill).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(ForwardTest, RejectsTokenOutsideVocabulary) {

@@ -1,5 +1,5 @@
 // Which prompt rows a RidgeFill request fills: the rule in DESIGN.md, row by row.
-#include "engine/ridgefill_plan.h"
+#include "engine/ridgefill/ridgefill_plan.h"
 
 #include <numeric>
 

@@ -119,7 +119,6 @@ absl::StatusOr<Json> Run() {
   const int32_t split = absl::GetFlag(FLAGS_split), tail = absl::GetFlag(FLAGS_tail);
   const int32_t chunk = absl::GetFlag(FLAGS_chunk);
   LlamaModel& llama = *model->llama;
-  llama.SetRidgeFillMaps(maps.get());
   Json out;
 
   SequenceRunner runner(llama, n);
@@ -131,14 +130,14 @@ absl::StatusOr<Json> Run() {
 
   // (1) The fill path with no filled rows.
   runner.Reset();
-  const RidgeFillRun all_sinks{split, std::vector<uint8_t>(n, 0)};
+  const RidgeFillRun all_sinks{split, std::vector<uint8_t>(n, 0), maps.get()};
   RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, no_fill, &all_sinks));
   out["no_fill_bitwise"] = no_fill == exact;
 
   // (2) RidgeFill with the file's maps.
   runner.Reset();
   // Rows [4, fill_end) filled: the K/V read above and below.
-  RidgeFillRun fill{split, std::vector<uint8_t>(n, 0)};
+  RidgeFillRun fill{split, std::vector<uint8_t>(n, 0), maps.get()};
   std::fill(fill.filled_rows.begin() + 4, fill.filled_rows.begin() + fill_end, uint8_t{1});
   RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, filled, &fill));
   out["kl"] = KlDivergence(exact, filled);
@@ -168,13 +167,13 @@ absl::StatusOr<Json> Run() {
   }
   RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMaps> broken_maps,
                       RidgeFillMaps::Load(broken, *model->llama));
-  llama.SetRidgeFillMaps(broken_maps.get());
+  RidgeFillRun broken_fill = fill;
+  broken_fill.maps = broken_maps.get();
   std::vector<float> broken_logits;
   runner.Reset();
-  RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, broken_logits, &fill));
+  RS_RETURN_IF_ERROR(runner.Append(tokens, chunk, false, broken_logits, &broken_fill));
   out["kl_broken"] = KlDivergence(exact, broken_logits);
   out["top1_broken"] = Argmax(broken_logits);
-  llama.SetRidgeFillMaps(maps.get());
 
   // (4) Mixed batch: sequence B (filled rows, listed first) and exact sequence A in one
   // forward pass; A's logits must be bitwise those of A alone.
@@ -197,7 +196,11 @@ absl::StatusOr<Json> Run() {
   batch.AddSequence(table_b, bs, std::span(tokens).subspan(len_a, len_b), 0, true);
   batch.AddSequence(table_a, bs, std::span(tokens).first(len_a), 0, true);
   batch.fill_split.assign(batch.num_rows(), -1);
-  for (int32_t i = 4; i < len_b - 16; ++i) batch.fill_split[i] = split;
+  batch.row_fill.assign(batch.num_rows(), nullptr);
+  for (int32_t i = 4; i < len_b - 16; ++i) {
+    batch.fill_split[i] = split;
+    batch.row_fill[i] = maps.get();
+  }
   std::vector<float> mixed;
   RS_RETURN_IF_ERROR(llama.Forward(batch, cache, mixed));
   out["mixed_bitwise"] = std::equal(alone.begin(), alone.end(), mixed.begin() + c.vocab_size);
@@ -210,10 +213,10 @@ absl::StatusOr<Json> Run() {
   RS_RETURN_IF_ERROR(table_c.Reserve(cache.pool(), 16, bs));
   bad.AddSequence(table_c, bs, std::span(tokens).first(16), 0, true);
   bad.fill_split.assign(16, split);
+  bad.row_fill.assign(16, maps.get());
   out["filled_logit_row_refused"] =
       llama.Forward(bad, cache, mixed).code() == absl::StatusCode::kInvalidArgument;
   table_c.Release(cache.pool());
-  llama.SetRidgeFillMaps(nullptr);
   out["filled_rows"] = fill_end - 4;
   return out;
 }

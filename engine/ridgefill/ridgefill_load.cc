@@ -1,4 +1,4 @@
-#include "engine/ridgefill_load.h"
+#include "engine/ridgefill/ridgefill_load.h"
 
 #include <filesystem>
 #include <system_error>
@@ -29,9 +29,10 @@ absl::StatusOr<std::unique_ptr<MapFile>> OpenRidgeFillMapFile(const std::string&
 }
 
 absl::StatusOr<std::unique_ptr<RidgeFillMaps>> UploadRidgeFillMaps(const MapFile& file,
-                                                                   Model& model) {
+                                                                   Model& model,
+                                                                   float max_leverage) {
   absl::StatusOr<std::unique_ptr<RidgeFillMaps>> maps =
-      RidgeFillMaps::Load(file.maps(), model.rank_models());
+      RidgeFillMaps::Load(file.maps(), model.rank_models(), max_leverage);
   if (!maps.ok()) {
     return absl::Status(maps.status().code(),
                         absl::StrCat(file.path(), ": ", maps.status().message()));
@@ -40,11 +41,11 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> UploadRidgeFillMaps(const MapFile
   return maps;
 }
 
-absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_path, Model& model) {
+absl::StatusOr<LoadedRidgeFillMaps> LoadRidgeFillMaps(const std::string& maps_path, Model& model,
+                                                      float max_leverage) {
   LoadedRidgeFillMaps loaded;
   RS_ASSIGN_OR_RETURN(loaded.file, OpenRidgeFillMapFile(maps_path, model));
-  RS_ASSIGN_OR_RETURN(loaded.maps, UploadRidgeFillMaps(*loaded.file, model));
-  for (LlamaModel* rank : model.rank_models()) rank->SetRidgeFillMaps(loaded.maps.get());
+  RS_ASSIGN_OR_RETURN(loaded.maps, UploadRidgeFillMaps(*loaded.file, model, max_leverage));
   return loaded;
 }
 

@@ -1,6 +1,6 @@
 // Which prompt rows a RidgeFill request fills (DESIGN.md, "RidgeFill — our definition").
-#ifndef RIDGESERVE_ENGINE_RIDGEFILL_PLAN_H_
-#define RIDGESERVE_ENGINE_RIDGEFILL_PLAN_H_
+#ifndef RIDGESERVE_ENGINE_RIDGEFILL_RIDGEFILL_PLAN_H_
+#define RIDGESERVE_ENGINE_RIDGEFILL_RIDGEFILL_PLAN_H_
 
 #include <cstdint>
 #include <functional>
@@ -32,4 +32,4 @@ uint64_t RidgeFillCacheSalt(int32_t split_layer, uint64_t maps_id);
 
 }  // namespace ridgeserve
 
-#endif  // RIDGESERVE_ENGINE_RIDGEFILL_PLAN_H_
+#endif  // RIDGESERVE_ENGINE_RIDGEFILL_RIDGEFILL_PLAN_H_

@@ -1,4 +1,4 @@
-#include "engine/ridgefill_plan.h"
+#include "engine/ridgefill/ridgefill_plan.h"
 
 #include <algorithm>
 
