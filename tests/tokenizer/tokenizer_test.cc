@@ -458,6 +458,35 @@ TEST(TokenizerMalformedJsonTest, ClearErrors) {
     EXPECT_THAT(t.status().message(), HasSubstr("model.merges[0]"));
   }
   {
+    // An absurd id (fuzzing found 988,888,887: a 31.6 GB token table) in the vocabulary or in
+    // added_tokens is refused before anything is allocated; the largest id allowed loads.
+    const int64_t max_id = (int64_t{1} << 21) - 1;
+    for (const bool in_vocab : {true, false}) {
+      for (const int64_t id : {int64_t{988888887}, int64_t{INT32_MAX}, max_id + 1, max_id}) {
+        TempDir dir;
+        TinyVocab v;
+        Json added = Json::array();
+        if (in_vocab) {
+          v.vocab["far"] = id;
+        } else {
+          added.push_back(Added(0, "<|x|>"));
+          added[0]["id"] = id;
+        }
+        dir.Write("tokenizer.json", TokenizerJson(v, kGpt2ByteLevel, added).dump());
+        auto t = Tokenizer::FromHfDir(dir.path());
+        if (id == max_id) {
+          ASSERT_TRUE(t.ok()) << t.status();
+          EXPECT_EQ((*t)->vocab_size(), max_id + 1);
+          continue;
+        }
+        EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << id;
+        EXPECT_THAT(t.status().message(),
+                    HasSubstr(in_vocab ? "model.vocab[\"far\"]" : "added_tokens[0]"));
+        EXPECT_THAT(t.status().message(), HasSubstr("2097151"));
+      }
+    }
+  }
+  {
     TempDir dir;  // tokenizer_config.json names a token the vocabulary lacks
     dir.Write("tokenizer.json", TokenizerJson(TinyVocab(), kGpt2ByteLevel, Json::array()).dump());
     dir.Write("tokenizer_config.json", R"({"eos_token": "<|nope|>"})");
