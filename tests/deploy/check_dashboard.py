@@ -29,13 +29,14 @@ TARGET_LABELS = {"job", "instance"}
 NAME_RE = re.compile(r"\b(ridgeserve_[a-zA-Z0-9_]*|[a-z_]+:ridgeserve_[a-zA-Z0-9_:]*)")
 MATCHERS_RE = re.compile(r"\b(ridgeserve_[a-zA-Z0-9_]*)\{([^}]*)\}")
 BY_RE = re.compile(r"\bby\s*\(([^)]*)\)")
-# Panels the dashboard must have (issues #5 and #14), by a word of their title.
+# Panels the dashboard must have (issues #5, #14 and #16), by a word of their title.
 REQUIRED_PANELS = ["TTFT p50 / p95", "TTFT saved by RidgeFill per second",
                    "TTFT saved per RidgeFill request", "Share of requests using RidgeFill",
                    "TTFT saved per SpecPC request", "SpecPC draft time",
                    "SpecPC dropped prompt tokens", "Share of requests using SpecPC",
                    "SpecKV KV entries kept / dropped", "SpecKV draft time", "SpecKV KV memory kept",
-                   "Share of requests using SpecKV",
+                   "Share of requests using SpecKV", "RidgeFill maps state and version",
+                   "RidgeFill calibration progress and map reloads",
                    "tokens per second", "running / waiting", "KV cache", "Preemptions",
                    "Errors by gRPC code"]
 
