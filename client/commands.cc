@@ -138,6 +138,24 @@ absl::Status RunInfo(const std::shared_ptr<grpc::Channel>& channel, const CallOp
   return absl::OkStatus();
 }
 
+absl::Status RunReloadMaps(const std::shared_ptr<grpc::Channel>& channel,
+                           const CallOptions& options) {
+  auto stub = v1::Admin::NewStub(channel);
+  grpc::ClientContext context;
+  SetDeadline(options, context);
+  v1::RidgeFillMapsInfo info;
+  if (grpc::Status s = stub->ReloadRidgeFillMaps(&context, v1::ReloadRidgeFillMapsRequest(), &info);
+      !s.ok()) {
+    return FromGrpc(s);
+  }
+  if (options.json) {
+    PrintJson(info);
+  } else {
+    std::fputs(info.DebugString().c_str(), stdout);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RunHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,
                        const CallOptions& options) {
   auto stub = grpc::health::v1::Health::NewStub(channel);

@@ -27,6 +27,10 @@ absl::Status RunGenerate(const std::shared_ptr<grpc::Channel>& channel,
 absl::Status RunStream(const std::shared_ptr<grpc::Channel>& channel,
                        const v1::GenerateRequest& request, const CallOptions& options);
 absl::Status RunInfo(const std::shared_ptr<grpc::Channel>& channel, const CallOptions& options);
+// Admin.ReloadRidgeFillMaps: prints the maps' state after the reload (the token must be one of
+// the server's --admin_token_file).
+absl::Status RunReloadMaps(const std::shared_ptr<grpc::Channel>& channel,
+                           const CallOptions& options);
 // Prints the serving status; NOT_SERVING (or anything but SERVING) is an UNAVAILABLE error, so
 // the exit code says whether the server is ready.
 absl::Status RunHealth(const std::shared_ptr<grpc::Channel>& channel, const std::string& service,

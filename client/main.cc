@@ -5,6 +5,7 @@
 //   ridgeserve-cli health                         SERVING / NOT_SERVING (exit code says which)
 //   ridgeserve-cli tokenize [flags] [TEXT...]
 //   ridgeserve-cli abort REQUEST_ID                ends a live request
+//   ridgeserve-cli reload-maps                     rereads the server's RidgeFill maps (admin)
 // The prompt is the words after the subcommand, else --prompt, else --file, else stdin.
 // --tls, --tls_ca, --tls_cert/--tls_key and --auth_token(_file) reach a server that wants them.
 // On error prints "CODE: message" of the gRPC status to stderr and exits with the code's
@@ -175,8 +176,10 @@ absl::Status Run(const std::string& command, const std::vector<std::string>& pos
   }
   if (command == "info") return RunInfo(channel, options);
   if (command == "health") return RunHealth(channel, absl::GetFlag(FLAGS_health_service), options);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown command \"", command, "\" (generate, stream, info, health, tokenize, abort)"));
+  if (command == "reload-maps") return RunReloadMaps(channel, options);
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown command \"", command,
+                   "\" (generate, stream, info, health, tokenize, abort, reload-maps)"));
 }
 
 }  // namespace
@@ -187,14 +190,14 @@ int main(int argc, char** argv) {
       "client for a ridgeserve server.\n"
       "  ridgeserve-cli generate|stream [flags] [PROMPT...]   (prompt: words, --prompt, --file "
       "or stdin)\n"
-      "  ridgeserve-cli info | health | tokenize [TEXT...] | abort REQUEST_ID");
+      "  ridgeserve-cli info | health | tokenize [TEXT...] | abort REQUEST_ID | reload-maps");
   // absl keeps only the last --stop; every occurrence counts here.
   const std::vector<std::string> stop_flags = ridgeserve::CollectRepeatedFlag(argc, argv, "stop");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::fprintf(stderr,
                  "INVALID_ARGUMENT: missing command (generate, stream, info, health, "
-                 "tokenize); see --help\n");
+                 "tokenize, abort, reload-maps); see --help\n");
     return static_cast<int>(absl::StatusCode::kInvalidArgument);
   }
   const std::string command = args[1];

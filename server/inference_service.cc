@@ -3,10 +3,10 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_format.h"
 #include "engine/tokenizer/utf8.h"
 #include "server/raw_messages.h"
 #include "server/request_validation.h"
+#include "server/ridgefill_maps_info.h"
 #include "server/status_conversion.h"
 #include "spdlog/spdlog.h"
 
@@ -116,20 +116,7 @@ absl::Status InferenceService::AnswerGetModelInfo(const v1::GetModelInfoRequest&
   response.set_tensor_parallel(options_.tensor_parallel);
   const RidgeFillMapsSnapshot maps = ridgefill_.Snapshot();
   for (int32_t layer : maps.split_layers) response.add_ridgefill_split_layers(layer);
-  v1::RidgeFillMapsInfo& info = *response.mutable_ridgefill_maps();
-  // Indexed by RidgeFillMapsState.
-  constexpr v1::RidgeFillMapsInfo::State kStates[] = {
-      v1::RidgeFillMapsInfo::NONE, v1::RidgeFillMapsInfo::CALIBRATING,
-      v1::RidgeFillMapsInfo::LOADED, v1::RidgeFillMapsInfo::FAILED};
-  info.set_state(kStates[static_cast<int>(maps.state)]);
-  info.set_version(maps.version);
-  if (maps.version > 0) info.set_checksum(absl::StrFormat("%016x", maps.checksum));
-  info.set_default_split_layer(maps.default_split_layer);
-  info.set_calibrated_tokens(maps.calibrated_tokens);
-  info.set_calibration_tokens(maps.calibration_tokens);
-  info.set_detail(maps.unavailable);
-  info.set_reloads_ok(maps.reloads_ok);
-  info.set_reloads_refused(maps.reloads_refused);
+  *response.mutable_ridgefill_maps() = ToRidgeFillMapsInfo(maps);
   response.set_default_exact_tail_tokens(options_.default_exact_tail_tokens);
 
   const EngineStats s = engine_.stats();

@@ -1,6 +1,7 @@
 // ridgeserve: the gRPC inference server. main() is lifecycle only: parse flags, load the
 // model, start the endpoints, warm up, serve until SIGTERM/SIGINT, drain with a timeout, stop.
-// SIGHUP reloads --ridgefill_maps (RidgeFillMapsManager) and --auth_token_file.
+// SIGHUP reloads --ridgefill_maps (RidgeFillMapsManager), --auth_token_file and
+// --admin_token_file.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -29,6 +30,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "kernels/backend_registry.h"
+#include "server/admin_service.h"
 #include "server/bearer_token_auth.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
@@ -70,9 +72,13 @@ ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert (not encrypte
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA certificates: clients must present a certificate they signed (mutual TLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
-          "bearer tokens, one a line: every call must send the metadata \"authorization: Bearer "
-          "TOKEN\" with one of them, else UNAUTHENTICATED (empty: no token check). SIGHUP "
-          "rereads it");
+          "bearer tokens, one a line: every call (but those of ridgeserve.v1.Admin) must send the "
+          "metadata \"authorization: Bearer TOKEN\" with one of them, else UNAUTHENTICATED "
+          "(empty: no token check). SIGHUP rereads it");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "bearer tokens, one a line, of the ridgeserve.v1.Admin calls (ReloadRidgeFillMaps), "
+          "which take no other token (empty: Admin answers PERMISSION_DENIED). SIGHUP rereads "
+          "it");
 ABSL_FLAG(bool, auth_exempt_health, true,
           "with --auth_token_file: grpc.health.v1.Health needs no token (Kubernetes probes)");
 ABSL_FLAG(bool, auth_exempt_reflection, false,
@@ -220,7 +226,8 @@ absl::Status CheckLimitFlags() {
 // The gRPC port's credentials and token check, from the security flags; read before the model
 // loads, and an error is a usage error (exit code 2).
 struct PortSecurity {
-  std::shared_ptr<BearerTokenAuth> auth;  // null without --auth_token_file
+  std::shared_ptr<BearerTokenAuth> auth;   // null without --auth_token_file
+  std::shared_ptr<BearerTokenAuth> admin;  // null without --admin_token_file
   std::shared_ptr<grpc::ServerCredentials> credentials;
   std::string description;  // for the log
 };
@@ -248,19 +255,33 @@ absl::StatusOr<PortSecurity> PortSecurityFromFlags() {
                     " from ", file, exempt.empty() ? "" : "; exempt: ", absl::StrJoin(exempt, ", "),
                     ")");
   }
-  RS_ASSIGN_OR_RETURN(security.credentials, CreateServerCredentials(tls, security.auth));
+  if (const std::string file = absl::GetFlag(FLAGS_admin_token_file); !file.empty()) {
+    absl::StatusOr<std::unique_ptr<BearerTokenAuth>> admin = BearerTokenAuth::Create(file, {});
+    if (!admin.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--admin_token_file ", admin.status().message()));
+    }
+    security.admin = std::move(*admin);
+    absl::StrAppend(&security.description, ", admin tokens (", security.admin->num_tokens(),
+                    " from ", file, ")");
+  }
+  RS_ASSIGN_OR_RETURN(security.credentials,
+                      CreateServerCredentials(tls, {security.auth, security.admin}));
   return security;
 }
 
 // SIGHUP: a token file that does not read or holds no token leaves the tokens in use. Runs in
-// the reload handler on the signal thread: a token file is a few lines, read there.
-void ReloadTokens(BearerTokenAuth& auth) {
-  if (absl::Status status = auth.Reload(); !status.ok()) {
-    spdlog::warn("auth tokens reload refused, keeping {} token(s): {}", auth.num_tokens(),
+// the reload handler on the signal thread: a token file is a few lines, read there. `kind`:
+// "auth" or "admin".
+void ReloadTokens(BearerTokenAuth* auth, const char* kind) {
+  if (auth == nullptr) return;
+  if (absl::Status status = auth->Reload(); !status.ok()) {
+    spdlog::warn("{} tokens reload refused, keeping {} token(s): {}", kind, auth->num_tokens(),
                  std::string(status.message()));
     return;
   }
-  spdlog::info("auth tokens reloaded: {} token(s) from {}", auth.num_tokens(), auth.token_file());
+  spdlog::info("{} tokens reloaded: {} token(s) from {}", kind, auth->num_tokens(),
+               auth->token_file());
 }
 
 std::string ListenAddress(const std::string& host, int32_t port) {
@@ -401,9 +422,10 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   maps_options.max_leverage = static_cast<float>(absl::GetFlag(FLAGS_ridgefill_max_leverage));
   RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeFillMapsManager> maps,
                       RidgeFillMapsManager::Create(*model, *engine, maps_options));
-  signals.SetReloadHandler([&maps = *maps, auth = security.auth] {
+  signals.SetReloadHandler([&maps = *maps, auth = security.auth, admin = security.admin] {
     maps.RequestReload();
-    if (auth != nullptr) ReloadTokens(*auth);
+    ReloadTokens(auth.get(), "auth");
+    ReloadTokens(admin.get(), "admin");
   });
   // Before `maps` goes: no SIGHUP may reach it afterwards.
   struct ClearReloadHandler {
@@ -429,6 +451,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   metrics.SetRidgeFillMaps([&maps = *maps] { return maps.Snapshot(); });
   RS_RETURN_IF_ERROR(ServeMetrics(metrics));
   InferenceService service(*model, *engine, options, metrics, *maps);
+  AdminService admin(security.admin != nullptr, *maps);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -438,6 +461,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   builder.AddListeningPort(ListenAddress(host, absl::GetFlag(FLAGS_port)), security.credentials,
                            &port);
   builder.RegisterService(&service);
+  builder.RegisterService(&admin);
   // A second server on a busy port must fail, not share the port with the first.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(absl::GetFlag(FLAGS_max_request_bytes));

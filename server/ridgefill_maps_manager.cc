@@ -77,6 +77,8 @@ RidgeFillMapsManager::~RidgeFillMapsManager() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  const absl::Status stopped = absl::UnavailableError("the server is stopping");
+  for (const ReloadDone& done : reload_waiters_) done(stopped, current_);
 }
 
 RidgeFillMapsSnapshot RidgeFillMapsManager::Snapshot() const {
@@ -84,14 +86,18 @@ RidgeFillMapsSnapshot RidgeFillMapsManager::Snapshot() const {
   return current_;
 }
 
-void RidgeFillMapsManager::RequestReload() {
+void RidgeFillMapsManager::RequestReload(ReloadDone done) {
   if (options_.path.empty()) {
-    spdlog::warn("reload requested, but there is no --ridgefill_maps to reload");
+    constexpr char kNoMaps[] =
+        "reload requested, but the server was started without --ridgefill_maps";
+    spdlog::warn(kNoMaps);
+    if (done) done(absl::FailedPreconditionError(kNoMaps), Snapshot());
     return;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
     reload_requested_ = true;
+    if (done) reload_waiters_.push_back(std::move(done));
   }
   cv_.notify_all();
 }
@@ -198,6 +204,7 @@ void RidgeFillMapsManager::Watch() {
   while (true) {
     bool reload = false;
     RidgeFillMapsState state;
+    std::vector<ReloadDone> waiters;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.poll_interval),
@@ -205,6 +212,7 @@ void RidgeFillMapsManager::Watch() {
       if (stopping_) return;
       reload = reload_requested_;
       reload_requested_ = false;
+      waiters.swap(reload_waiters_);
       state = current_.state;
     }
     const std::string signature = FileSignature(options_.path);
@@ -226,23 +234,31 @@ void RidgeFillMapsManager::Watch() {
       if (signature == last_refused_) continue;
     }
     absl::Status status = Load();
-    if (status.ok()) continue;
-    std::lock_guard<std::mutex> lock(mu_);
-    ++current_.reloads_refused;
-    last_refused_ = signature;
-    if (current_.state == RidgeFillMapsState::kLoaded) {
-      // One line; the maps in use stay.
-      spdlog::error("RidgeFill maps reload refused, keeping version {}: {}", current_.version,
-                    status.ToString());
-    } else {
-      spdlog::error("RidgeFill maps refused: {}", status.ToString());
-      if (!signature.empty()) {
-        current_.state = RidgeFillMapsState::kFailed;
-        current_.unavailable =
-            absl::StrCat("RidgeFill maps ", options_.path, " were refused: ", status.message());
-      }
+    if (!status.ok()) status = Refuse(status, signature);
+    const RidgeFillMapsSnapshot after = Snapshot();
+    for (const ReloadDone& done : waiters) done(status, after);
+  }
+}
+
+absl::Status RidgeFillMapsManager::Refuse(const absl::Status& error, const std::string& signature) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++current_.reloads_refused;
+  last_refused_ = signature;
+  std::string line;
+  if (current_.state == RidgeFillMapsState::kLoaded) {
+    // One line; the maps in use stay.
+    line = absl::StrCat("RidgeFill maps reload refused, keeping version ", current_.version, ": ",
+                        error.ToString());
+  } else {
+    line = absl::StrCat("RidgeFill maps refused: ", error.ToString());
+    if (!signature.empty()) {
+      current_.state = RidgeFillMapsState::kFailed;
+      current_.unavailable =
+          absl::StrCat("RidgeFill maps ", options_.path, " were refused: ", error.message());
     }
   }
+  spdlog::error(line);
+  return absl::FailedPreconditionError(line);
 }
 
 }  // namespace ridgeserve

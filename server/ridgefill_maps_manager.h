@@ -4,8 +4,8 @@
 //   for: exact requests are served meanwhile, RIDGEFILL is refused with the calibration's
 //   progress (read from PATH.progress, which scripts/make_maps.sh writes), and the file is
 //   loaded when it appears (written by atomic rename, so never half-written);
-// - Reload (SIGHUP) reads the file again; a bad file is refused with one log line and the
-//   maps in use stay.
+// - RequestReload (SIGHUP, Admin.ReloadRidgeFillMaps) reads the file again; a bad file is
+//   refused with one log line and the maps in use stay.
 // Requests take a Snapshot and hold its maps until they finish (EngineRequest's
 // RidgeFillRequest::maps), so a swap never changes the maps of a request in flight, and the
 // engine keys the prefix cache on the maps' id (the file's checksum), so K/V filled by two
@@ -18,6 +18,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -78,14 +79,25 @@ class RidgeFillMapsManager {
   RidgeFillMapsManager& operator=(const RidgeFillMapsManager&) = delete;
 
   RidgeFillMapsSnapshot Snapshot() const;
-  // Asks the watcher thread to read the file again (SIGHUP); returns at once.
-  void RequestReload();
+
+  // The outcome of one reload: OK with the state after it (the new version), or
+  // FailedPrecondition with the line the log got (the maps in use stay).
+  using ReloadDone =
+      std::function<void(const absl::Status& status, const RidgeFillMapsSnapshot& after)>;
+  // Asks the watcher thread to read the file again and returns at once. `done`, when given, is
+  // called once, on the watcher thread, when the file is loaded or refused; at once with
+  // FailedPrecondition without --ridgefill_maps; with Unavailable if the manager is destroyed
+  // first. Reloads asked for while one runs share the next one.
+  void RequestReload(ReloadDone done = nullptr);
 
  private:
   RidgeFillMapsManager(Model& model, Engine& engine, Options options);
   // Opens, checks and uploads the file, then swaps it in. Errors leave everything as it was.
   absl::Status Load();
   void Watch();
+  // Counts and logs a refused file (`signature`: FileSignature) and updates the state; returns
+  // the logged line as FailedPrecondition.
+  absl::Status Refuse(const absl::Status& error, const std::string& signature);
   void ReadProgress();
 
   Model& model_;
@@ -96,6 +108,7 @@ class RidgeFillMapsManager {
   std::condition_variable cv_;
   RidgeFillMapsSnapshot current_;
   bool reload_requested_ = false;
+  std::vector<ReloadDone> reload_waiters_;  // told the outcome of the next reload
   bool stopping_ = false;
   std::string last_refused_;  // the file signature (inode, size, mtime) last refused
   std::thread thread_;

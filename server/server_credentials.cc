@@ -10,12 +10,15 @@
 #include <openssl/x509.h>
 
 #include <cassert>
+#include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "engine/common/status_macros.h"
+#include "ridgeserve/v1/ridgeserve.grpc.pb.h"
 #include "server/file_contents.h"
 
 namespace ridgeserve {
@@ -49,7 +52,7 @@ absl::string_view View(const grpc_slice& slice) {
 // wrapper does the same with non-blocking processors). The call's path arrives as ":path".
 void ProcessAuthMetadata(void* state, grpc_auth_context* /*context*/, const grpc_metadata* md,
                          size_t num_md, grpc_process_auth_metadata_done_cb done, void* user_data) {
-  const BearerTokenAuth& auth = **static_cast<std::shared_ptr<const BearerTokenAuth>*>(state);
+  const CallTokens& tokens = *static_cast<const CallTokens*>(state);
   absl::string_view method;
   std::vector<absl::string_view> authorization;
   std::vector<grpc_metadata> consumed;  // the token goes no further than this check
@@ -62,19 +65,23 @@ void ProcessAuthMetadata(void* state, grpc_auth_context* /*context*/, const grpc
       consumed.push_back(md[i]);
     }
   }
-  const absl::Status status = auth.Check(method, authorization);
+  static const std::string kAdminPrefix = absl::StrCat("/", v1::Admin::service_full_name(), "/");
+  const bool admin = absl::StartsWith(method, kAdminPrefix);
+  const BearerTokenAuth* const auth = admin ? tokens.admin.get() : tokens.service.get();
+  absl::Status status = auth == nullptr ? absl::OkStatus() : auth->Check(method, authorization);
   if (status.ok()) {
     done(user_data, consumed.data(), consumed.size(), nullptr, 0, GRPC_STATUS_OK, nullptr);
   } else {
-    const std::string message(status.message());
+    const std::string message =
+        admin ? absl::StrCat(status.message(), " (", v1::Admin::service_full_name(),
+                             " takes the tokens of --admin_token_file)")
+              : std::string(status.message());
     done(user_data, nullptr, 0, nullptr, 0, static_cast<grpc_status_code>(status.code()),
          message.c_str());
   }
 }
 
-void DestroyAuthState(void* state) {
-  delete static_cast<std::shared_ptr<const BearerTokenAuth>*>(state);
-}
+void DestroyAuthState(void* state) { delete static_cast<CallTokens*>(state); }
 
 absl::Status FlagError(absl::string_view flag, const std::string& path, absl::string_view what) {
   // OpenSSL's queue is shared with gRPC's TLS handshakes: leave nothing in it.
@@ -165,12 +172,11 @@ absl::StatusOr<grpc_server_credentials*> CreateTlsCredentials(const TlsFiles& tl
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CreateServerCredentials(
-    const TlsFiles& tls, std::shared_ptr<const BearerTokenAuth> auth) {
+    const TlsFiles& tls, CallTokens tokens) {
   RS_ASSIGN_OR_RETURN(grpc_server_credentials* const credentials, CreateTlsCredentials(tls));
-  if (auth != nullptr) {
+  if (tokens.service != nullptr || tokens.admin != nullptr) {
     grpc_server_credentials_set_auth_metadata_processor(
-        credentials, {ProcessAuthMetadata, DestroyAuthState,
-                      new std::shared_ptr<const BearerTokenAuth>(std::move(auth))});
+        credentials, {ProcessAuthMetadata, DestroyAuthState, new CallTokens(std::move(tokens))});
   }
   return std::make_shared<CoreServerCredentials>(credentials);
 }

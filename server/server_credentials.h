@@ -1,6 +1,8 @@
 // The credentials of ridgeserve's gRPC port: plaintext or TLS (--tls_cert, --tls_key), mutual
 // TLS when --tls_client_ca is given (client certificates required and verified against it),
-// and on either a bearer-token check of every call (bearer_token_auth.h).
+// and on either a bearer-token check of every call (bearer_token_auth.h): the tokens of
+// --admin_token_file for ridgeserve.v1.Admin, those of --auth_token_file for every other
+// service. Neither kind of token opens the other's services.
 //
 // The token check is gRPC's own auth metadata processor, which runs before a call reaches any
 // service (health and reflection included) and fails it with its status. gRPC 1.51's C++
@@ -25,12 +27,20 @@ struct TlsFiles {
   std::string tls_client_ca;  // CA certificates client certificates must chain to
 };
 
+// The token checks of the port's calls, kept as long as the credentials are.
+struct CallTokens {
+  // Every service but ridgeserve.v1.Admin (--auth_token_file); null: no check.
+  std::shared_ptr<const BearerTokenAuth> service;
+  // ridgeserve.v1.Admin (--admin_token_file); null: its calls go through unchecked to the
+  // service, which refuses them all.
+  std::shared_ptr<const BearerTokenAuth> admin;
+};
+
 // InvalidArgument naming the flag and the file for a certificate without a key (or the other
 // way round), a client CA without a server certificate, a file that does not read or holds
-// no PEM certificate or key, a key that is not the certificate's. `auth` may be null (no
-// token check); it is kept as long as the credentials are.
+// no PEM certificate or key, a key that is not the certificate's.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> CreateServerCredentials(
-    const TlsFiles& tls, std::shared_ptr<const BearerTokenAuth> auth);
+    const TlsFiles& tls, CallTokens tokens);
 
 }  // namespace ridgeserve
 

@@ -385,6 +385,15 @@ def run_stream(stub, req, timeout=300.0) -> StreamResult:
     return consume_stream(stub.GenerateStream(req, timeout=timeout))
 
 
+def call_code(fn):
+    """(status code, details) of one call."""
+    try:
+        fn()
+        return SC.OK, ""
+    except grpc.RpcError as e:
+        return e.code(), e.details() or ""
+
+
 def run_unary(stub, req, timeout=300.0):
     """(response or None, status code, details)."""
     try:

@@ -10,6 +10,9 @@ Checks:
     flight across the swap completes, with the tokens it gives on the old maps alone;
   * SIGHUP with a corrupt file: one log line, version unchanged, RIDGEFILL still served with
     the maps in use (same tokens as before);
+  * Admin.ReloadRidgeFillMaps (--admin_token_file): answers when the reload is done, with the
+    new version and checksum in the response; a corrupt file gets FAILED_PRECONDITION with the
+    log's one line, the maps in use kept; no token: UNAUTHENTICATED;
   * the prefix cache: a prompt filled under version A is not reused under version B (its
     repeat under B is).
 Map B is the one make_maps.sh calibrates here on few tokens (other maps than the default A).
@@ -25,9 +28,11 @@ import threading
 import time
 import urllib.request
 
-from rs_testlib import (BIN_DIR, MAPS, MODEL, SC, SOURCE_DIR, Checks, Server, consume_stream,
-                        expect, expect_eq, greedy_request, license_text, pb, run_unary)
+from rs_testlib import (BIN_DIR, MAPS, MODEL, SC, SOURCE_DIR, Checks, Server, call_code,
+                        consume_stream, expect, expect_eq, greedy_request, license_text, pb,
+                        pb_grpc, run_unary)
 
+ADMIN_TOKEN = "rs-test-admin-reload-0123456789"
 SPLIT = 16  # in the default maps and in map B
 B_SPLITS = "16,22"
 B_TOKENS = 2048
@@ -220,6 +225,47 @@ def check_hot_reload(srv, live):
               "refused")
 
 
+def check_admin_reload(srv, live):
+    st = State
+    admin = pb_grpc.AdminStub(srv.channel)
+
+    def reload(metadata=(("authorization", f"Bearer {ADMIN_TOKEN}"),)):
+        return admin.ReloadRidgeFillMaps(pb.ReloadRidgeFillMapsRequest(), timeout=60,
+                                         metadata=metadata)
+
+    before = maps_info(srv)
+    expect_eq((before.version, pb.RidgeFillMapsInfo.State.Name(before.state)), (2, "LOADED"),
+              "start (after the SIGHUP checks)")
+    code, details = call_code(lambda: reload(()))
+    expect(code == SC.UNAUTHENTICATED and "--admin_token_file" in details,
+           f"without a token: {code.name} {details!r}")
+    # `live` is still the corrupt file: refused, with the log's line, and B stays.
+    lines_before = len(log_lines(srv, "reload refused"))
+    code, details = call_code(reload)
+    expect_eq(code, SC.FAILED_PRECONDITION, f"corrupt file: {details!r}")
+    expect("reload refused, keeping version 2" in details and "checksum mismatch" in details,
+           f"corrupt file's message: {details!r}")
+    time.sleep(0.3)
+    lines = log_lines(srv, "reload refused")
+    expect_eq(len(lines) - lines_before, 1, f"log lines for the refused file: {lines}")
+    expect_eq(maps_info(srv).version, 2, "version after the refused file")
+    # A good file: the answer comes when the maps are in use, no polling.
+    replace_file(MAPS, live)
+    t0 = time.monotonic()
+    info = reload()
+    elapsed = time.monotonic() - t0
+    expect_eq((info.version, pb.RidgeFillMapsInfo.State.Name(info.state)), (3, "LOADED"),
+              "the reload's answer")
+    expect(info.checksum != before.checksum, "checksum did not change")
+    expect_eq(maps_info(srv).checksum, info.checksum, "GetModelInfo right after the answer")
+    expect_eq((info.reloads_ok, info.reloads_refused), (before.reloads_ok + 1,
+              before.reloads_refused + 1), "reload counts")
+    resp = ok(srv, ridgefill_request(st.prompt, tail=32, new_tokens=4))
+    expect(resp.usage.filled_prompt_tokens > 0, "RIDGEFILL on the reloaded maps fills rows")
+    print(f"Admin.ReloadRidgeFillMaps answered in {elapsed:.2f} s with version {info.version}",
+          flush=True)
+
+
 def check_prefix_cache_versions(srv, live):
     st = State
     expect(os.path.exists(st.maps_b), "map B was not calibrated (previous check failed)")
@@ -249,10 +295,16 @@ def main():
 
     live = os.path.join(st.tmp, "live.rfmap")
     shutil.copyfile(MAPS, live)
+    admin_tokens = os.path.join(st.tmp, "admin.tokens")
+    with open(admin_tokens, "w") as f:
+        f.write(ADMIN_TOKEN + "\n")
     with Server(f"--ridgefill_maps={live}", "--max_batch_tokens=64",
-                "--enable_prefix_caching=false", name="reload") as srv:
+                "--enable_prefix_caching=false", f"--admin_token_file={admin_tokens}",
+                name="reload") as srv:
         checks.run("SIGHUP: new version, in-flight request done on the old maps, bad file refused",
                    check_hot_reload, srv, live)
+        checks.run("Admin.ReloadRidgeFillMaps: answers with the new version, refuses a bad file",
+                   check_admin_reload, srv, live)
 
     shutil.copyfile(MAPS, live)
     with Server(f"--ridgefill_maps={live}", name="prefix") as srv:

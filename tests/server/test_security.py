@@ -8,13 +8,16 @@ port:
     A client that trusts the CA is served; a plaintext client and a client trusting another
     CA fail; health needs the token, reflection does not. ridgeserve-cli (--tls_ca,
     --auth_token_file / --auth_token) and ridgeserve-loadtest (the same flags) work through it.
+    Without --admin_token_file, ridgeserve.v1.Admin is PERMISSION_DENIED.
   * mtls: --tls_client_ca as well. A client with the CA's client certificate is served,
     without one or with the other CA's it fails; so does ridgeserve-cli without --tls_cert.
   * plain: plaintext with bearer tokens (health exempt by default, reflection not) and small
     limits. Missing, wrong and non-Bearer tokens get UNAUTHENTICATED with their reason on every
     method (also on a method that does not exist: the check comes first, and a service named
     like the health service is not exempt); SIGHUP rereads the token file (a new token works,
-    the old one stops, an empty file is refused and the tokens stay). Over --max_prompt_tokens:
+    the old one stops, an empty file is refused and the tokens stay). --admin_token_file: Admin
+    takes its tokens only (none, an Inference token: UNAUTHENTICATED), and the admin token opens
+    no Inference method; SIGHUP rereads it. Over --max_prompt_tokens:
     OUT_OF_RANGE; over --max_stop_strings / --max_stop_string_bytes: INVALID_ARGUMENT; over
     --max_request_bytes: RESOURCE_EXHAUSTED; a request that can never fit the KV cache: OUT_OF_RANGE at admission,
     each naming the limit, with the values at each limit accepted. --max_concurrent_streams 2:
@@ -41,13 +44,15 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from rs_testlib import (BIN_DIR, CLI_BIN, MODEL, SC, SERVER_BIN, Checks, Server, StreamResult,
-                        consume_stream, expect, expect_eq, greedy_request, in_threads,
+                        call_code, consume_stream, expect, expect_eq, greedy_request, in_threads,
                         license_text, pb, pb_grpc, run_stream)
 
 LOADTEST_BIN = os.path.join(BIN_DIR, "ridgeserve-loadtest")
 TOKEN_A = "rs-test-token-a-0123456789"
 TOKEN_B = "rs-test-token-b-abcdefghij"
 TOKEN_C = "rs-test-token-c-after-sighup"
+TOKEN_ADMIN = "rs-test-admin-token-0123456789"
+TOKEN_ADMIN_2 = "rs-test-admin-token-after-sighup"
 KV_TOKENS = 256
 OPENSSL = os.environ.get("OPENSSL_BIN", "openssl")
 
@@ -117,15 +122,6 @@ def bearer(token):
 
 
 # ----------------------------------------------------------------------------- helpers
-def call_code(fn):
-    """(status code, details) of one call."""
-    try:
-        fn()
-        return SC.OK, ""
-    except grpc.RpcError as e:
-        return e.code(), e.details() or ""
-
-
 def expect_status(what, got, want, *needles):
     code, details = got
     expect(code == want, f"{what}: got {code.name} ({details!r}), want {want.name}")
@@ -162,6 +158,11 @@ def list_services(channel, metadata=()):
     return [s.name for r in replies for s in r.list_services_response.service]
 
 
+def reload_maps(channel, metadata=()):
+    return pb_grpc.AdminStub(channel).ReloadRidgeFillMaps(pb.ReloadRidgeFillMapsRequest(),
+                                                          timeout=30, metadata=metadata)
+
+
 def run_tool(args, timeout=120, env=None):
     p = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     return p.returncode, p.stdout, p.stderr
@@ -192,6 +193,8 @@ def check_flag_errors(pki, tmp):
         ([f"--auth_token_file={tmp}"], ["--auth_token_file", tmp, "cannot read"]),
         ([f"--auth_token_file={empty}"], ["--auth_token_file", empty, "no token"]),
         ([f"--auth_token_file={spaced}"], ["--auth_token_file", spaced, "line 1"]),
+        ([f"--admin_token_file={missing}"], ["--admin_token_file", missing, "cannot read"]),
+        ([f"--admin_token_file={empty}"], ["--admin_token_file", empty, "no token"]),
         (["--max_request_bytes=0"], ["--max_request_bytes"]),
         (["--max_concurrent_streams=0"], ["--max_concurrent_streams"]),
         (["--max_stop_string_bytes=0"], ["--max_stop_string_bytes"]),
@@ -237,6 +240,13 @@ def check_tls(checks, pki, tokens):
             expect("ridgeserve.v1.Inference" in names, f"reflection without a token: {names}")
 
         checks.run("tls: --auth_exempt_reflection: reflection needs no token", reflection_exempt)
+
+        def admin_off():
+            expect_status("Admin without --admin_token_file",
+                          call_code(lambda: reload_maps(srv.channel, token)),
+                          SC.PERMISSION_DENIED, "--admin_token_file")
+
+        checks.run("tls: without --admin_token_file, Admin is PERMISSION_DENIED", admin_off)
 
         def cli_tls(tmp_token_file):
             rc, out, err = cli(srv, f"--tls_ca={pki.path(pki.ca)}",
@@ -356,14 +366,21 @@ def check_tokens(srv, tokens):
                   SC.UNIMPLEMENTED)
 
 
-def check_sighup(srv, tokens):
-    ch = srv.channel
-    write(tokens, f"{TOKEN_C}\n")
+def rewrite_and_sighup(srv, path, text, accepted, what):
+    """Writes `text` to the token file, sends SIGHUP and waits until accepted() is true."""
+    write(path, text)
     srv.send_signal(signal.SIGHUP)
     deadline = time.monotonic() + 20
-    while call_code(lambda: generate(ch, bearer(TOKEN_C)))[0] != SC.OK:
-        expect(time.monotonic() < deadline, "the new token not accepted 20 s after SIGHUP")
+    while not accepted():
+        expect(time.monotonic() < deadline, f"{what} not accepted 20 s after SIGHUP")
         time.sleep(0.2)
+
+
+def check_sighup(srv, tokens):
+    ch = srv.channel
+    rewrite_and_sighup(srv, tokens, f"{TOKEN_C}\n",
+                       lambda: call_code(lambda: generate(ch, bearer(TOKEN_C)))[0] == SC.OK,
+                       "the new token")
     expect_status("old token after SIGHUP", call_code(lambda: generate(ch, bearer(TOKEN_A))),
                   SC.UNAUTHENTICATED, "invalid bearer token")
     write(tokens, "\n")
@@ -381,6 +398,34 @@ def check_sighup(srv, tokens):
     while call_code(lambda: generate(ch, bearer(TOKEN_A)))[0] != SC.OK:
         expect(time.monotonic() < deadline, "the restored token not accepted 20 s after SIGHUP")
         time.sleep(0.2)
+
+
+def check_admin_tokens(srv, admin_tokens):
+    ch = srv.channel
+    admin = bearer(TOKEN_ADMIN)
+    expect_status("Admin without a token", call_code(lambda: reload_maps(ch)), SC.UNAUTHENTICATED,
+                  "missing bearer token", "--admin_token_file")
+    expect_status("Admin with an Inference token", call_code(lambda: reload_maps(ch,
+                  bearer(TOKEN_A))), SC.UNAUTHENTICATED, "invalid bearer token",
+                  "--admin_token_file")
+    # Past the token check: this server has no --ridgefill_maps to reload.
+    expect_status("Admin with the admin token", call_code(lambda: reload_maps(ch, admin)),
+                  SC.FAILED_PRECONDITION, "--ridgefill_maps")
+    expect_status("Generate with the admin token", call_code(lambda: generate(ch, admin)),
+                  SC.UNAUTHENTICATED, "invalid bearer token")
+    expect_status("GetModelInfo with the admin token", call_code(
+        lambda: srv.stub.GetModelInfo(pb.GetModelInfoRequest(), timeout=10, metadata=admin)),
+        SC.UNAUTHENTICATED, "invalid bearer token")
+    rc, out, err = cli(srv, f"--auth_token={TOKEN_ADMIN}", "reload-maps")
+    expect(rc == 9 and "FAILED_PRECONDITION" in err and "--ridgefill_maps" in err,
+           f"ridgeserve-cli reload-maps: rc {rc}, {err!r}")
+    # SIGHUP rereads the admin token file too.
+    rewrite_and_sighup(
+        srv, admin_tokens, f"{TOKEN_ADMIN_2}\n",
+        lambda: call_code(lambda: reload_maps(ch, bearer(TOKEN_ADMIN_2)))[0] ==
+        SC.FAILED_PRECONDITION, "the new admin token")
+    expect_status("the old admin token after SIGHUP", call_code(lambda: reload_maps(ch, admin)),
+                  SC.UNAUTHENTICATED, "invalid bearer token")
 
 
 def check_limits(srv):
@@ -472,9 +517,10 @@ def check_metrics_host(srv):
         expect(isinstance(e.reason, ConnectionRefusedError), f"127.0.0.1: {e.reason!r}")
 
 
-def check_plain(checks, tokens):
+def check_plain(checks, tokens, admin_tokens):
     token = bearer(TOKEN_A)
-    with Server(f"--auth_token_file={tokens}", "--max_prompt_tokens=64", "--max_stop_strings=2",
+    with Server(f"--auth_token_file={tokens}", f"--admin_token_file={admin_tokens}",
+                "--max_prompt_tokens=64", "--max_stop_strings=2",
                 "--max_stop_string_bytes=8", "--max_request_bytes=65536",
                 "--max_concurrent_streams=2", f"--kv_cache_tokens={KV_TOKENS}",
                 "--metrics_host=127.0.0.2", name="plain", port0=True, metadata=token) as srv:
@@ -482,6 +528,8 @@ def check_plain(checks, tokens):
         checks.run("plain: bearer tokens right / wrong / missing, every method, health exempt",
                    check_tokens, srv, tokens)
         checks.run("plain: SIGHUP rereads the token file", check_sighup, srv, tokens)
+        checks.run("plain: Admin takes only --admin_token_file's tokens, and no others",
+                   check_admin_tokens, srv, admin_tokens)
         checks.run("plain: limits refused with the status naming them", check_limits, srv)
         checks.run("plain: --max_concurrent_streams 2 on one connection",
                    check_concurrent_streams, srv)
@@ -501,7 +549,8 @@ def main():
                    check_flag_errors, pki, tmp)
         check_tls(checks, pki, tokens)
         check_mtls(checks, pki)
-        check_plain(checks, tokens)
+        admin_tokens = write(os.path.join(tmp, "admin.tokens"), f"{TOKEN_ADMIN}\n")
+        check_plain(checks, tokens, admin_tokens)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     checks.finish()
