@@ -83,6 +83,10 @@ struct Engine::Impl {
     int32_t kv_first_token = -1;
     float kv_first_logprob = 0;
     bool compacted = false;
+    // ScoringRequest: capture first_logprobs / emitted_nll, teacher-forced tokens.
+    bool capture = false;
+    std::vector<int32_t> forced;
+    double emitted_nll = 0;
     bool kv_prefilling() const { return spec_kv.budget > 0 && !compacted && !lookahead.empty(); }
   };
 
@@ -210,7 +214,10 @@ bool Engine::Impl::TakeInput() {
     sched->tokens = r.prompt;
     sched->num_prompt_tokens = static_cast<int32_t>(r.prompt.size());
     sched->max_total_tokens = static_cast<int32_t>(r.prompt.size()) + r.max_new_tokens;
+    sched->background = r.scoring.background;
     Live l{std::move(r.on_event), Sampler(r.sampling)};
+    l.capture = r.scoring.capture;
+    l.forced = std::move(r.scoring.forced);
     l.max_new_tokens = r.max_new_tokens;
     l.prompt_tokens = sched->num_prompt_tokens;
     l.kept_prompt_tokens = l.prompt_tokens;
@@ -264,6 +271,7 @@ void Engine::Impl::Emit(uint64_t id, Live& l, TokenEvent& event) {
   event.completion_tokens = l.completion_tokens;
   event.cached_prompt_tokens = l.cached_prompt_tokens;
   event.split_layer = l.split_layer;
+  event.emitted_nll = l.emitted_nll;
   if (l.first_token) {
     event.timing.ttft_seconds = Seconds(l.arrival, *l.first_token);
     event.filled_prompt_tokens = l.filled_prompt_tokens;
@@ -307,6 +315,11 @@ void Engine::Impl::Step() {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait_for(lock, std::chrono::milliseconds(1));
     return;
+  }
+  for (const SchedRequest* r : plan.dropped) {
+    FinishWith(r->id, FinishReason::kNone,
+               absl::UnavailableError("background request dropped: other requests need the "
+                                      "capacity"));
   }
   // A preempted SpecKV request whose K/V were compacted starts over from prompt + lookahead
   // (and replays what it emitted).
@@ -437,6 +450,9 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   }
   std::vector<int32_t> sampled(plan.chunks.size(), -1);
   std::vector<float> logprobs(plan.chunks.size(), 0.0f);
+  // ScoringRequest::capture: each sampled token's -log p, and the first token's distribution.
+  std::vector<double> nll(plan.chunks.size(), 0.0);
+  std::vector<std::vector<float>> first_logprobs(plan.chunks.size());
   const int32_t vocab = model.config.vocab_size;
   size_t logit_row = 0;
   std::vector<int32_t> kv_context;  // SpecKV: prompt + emitted tokens (its tokens are not)
@@ -469,10 +485,20 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
       kv_context.insert(kv_context.end(), l.generated.begin(), l.generated.end());
       context = &kv_context;
     }
-    const SampleResult result = l.sampler.Sample(row_logits, *context);
+    SampleResult result;
+    if (l.forced.empty()) {
+      result = l.sampler.Sample(row_logits, *context);
+    } else {
+      result.token = l.forced[l.completion_tokens];
+      if (l.sampler.params().logprobs) result.logprob = LogSoftmaxAt(row_logits, result.token);
+    }
     ++logit_row;
     sampled[i] = result.token;
     logprobs[i] = result.logprob;
+    if (l.capture) {
+      nll[i] = -LogSoftmaxAt(row_logits, result.token);
+      if (!l.first_token) first_logprobs[i] = LogSoftmax(row_logits);
+    }
   }
   if (!status.ok()) {
     spdlog::error("forward failed: {}", status.ToString());
@@ -505,12 +531,14 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
       }
     }
     TokenEvent event;
+    event.first_logprobs = std::move(first_logprobs[i]);
     const int32_t token = sampled[i];
-    if (l.sampler.IsStop(token, eog)) {
+    if (l.forced.empty() && l.sampler.IsStop(token, eog)) {
       event.finished = true;
       event.finish_reason = FinishReason::kStop;
     } else {
       ++l.completion_tokens;
+      l.emitted_nll += nll[i];
       if (l.spec_kv.budget > 0) l.generated.push_back(token);
       event.tokens.push_back(token);
       if (l.sampler.params().logprobs) event.logprobs.push_back(logprobs[i]);
@@ -818,6 +846,7 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
   if (request.spec_pc.budget != 0 || request.spec_kv.budget != 0) {
     RS_RETURN_IF_ERROR(CheckDraftRequest(request));
   }
+  RS_RETURN_IF_ERROR(CheckScoring(request));
   std::vector<uint8_t> filled_rows;
   if (request.ridgefill.split_layer >= 0) {
     const RidgeFillMaps* maps = request.ridgefill.maps.get();
@@ -856,6 +885,32 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
   }
   impl_->cv.notify_one();
   return id;
+}
+
+absl::Status Engine::CheckScoring(const EngineRequest& request) const {
+  const ScoringRequest& scoring = request.scoring;
+  const bool draft = request.spec_pc.budget != 0 || request.spec_kv.budget != 0;
+  if (scoring.capture && draft) {
+    return absl::InvalidArgumentError("scoring.capture is for exact and RidgeFill requests");
+  }
+  if ((!scoring.forced.empty() || scoring.background) &&
+      (draft || request.ridgefill.split_layer >= 0)) {
+    return absl::InvalidArgumentError("forced tokens and background requests prefill exactly");
+  }
+  if (scoring.forced.empty()) return absl::OkStatus();
+  if (static_cast<int32_t>(scoring.forced.size()) != request.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("scoring.forced has ", scoring.forced.size(),
+                                                   " tokens; max_new_tokens must equal it, got ",
+                                                   request.max_new_tokens));
+  }
+  for (int32_t t : scoring.forced) {
+    if (t < 0 || t >= impl_->model.config.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("forced token id ", t,
+                                                     " is outside the vocabulary [0, ",
+                                                     impl_->model.config.vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::CheckDraftRequest(EngineRequest& request) const {

@@ -79,6 +79,11 @@ struct TokenEvent {
   // SpecKV (from the first token on): prompt KV entries kept per layer and KV head after the
   // prefill (the budget); prompt_tokens for other requests.
   int32_t kept_kv_tokens = 0;
+  // ScoringRequest::capture: the event of the first token has log_softmax of the unmodified
+  // logits that produced it (vocab_size entries); every event has the sum over the tokens
+  // emitted so far of -log p under the unmodified logits.
+  std::vector<float> first_logprobs;
+  double emitted_nll = 0;
   RequestTiming timing;  // ttft set from the first token on; the rest when finished
 };
 
@@ -116,6 +121,20 @@ struct SpecKvRequest {
   int32_t lookahead_tokens = 64;
 };
 
+// Quality measurement (the server's RidgeFill shadow sampling): what a request's tokens cost
+// under the model, and a request that runs only on idle capacity.
+struct ScoringRequest {
+  // TokenEvent::first_logprobs and emitted_nll.
+  bool capture = false;
+  // Teacher forcing: step i emits forced[i] instead of a sampled token (stop tokens do not
+  // end it; max_new_tokens must be forced.size()). Empty: sampling as usual.
+  std::vector<int32_t> forced;
+  // Runs only on the budget and KV blocks other requests leave, and is dropped (its final
+  // event has an Unavailable status) when another request waits or needs its blocks
+  // (SchedRequest::background).
+  bool background = false;
+};
+
 struct EngineRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
@@ -124,6 +143,7 @@ struct EngineRequest {
   RidgeFillRequest ridgefill;
   SpecPcRequest spec_pc;  // not with ridgefill
   SpecKvRequest spec_kv;  // not with ridgefill or spec_pc
+  ScoringRequest scoring;
   EventCallback on_event;
 };
 
@@ -153,7 +173,8 @@ class Engine {
   // (below kSpecKvMinBudget) or lookahead, or two prefill modes combined, FailedPrecondition for
   // a RidgeFill split layer the model has no maps for and for SpecPC / SpecKV without a draft
   // (EngineOptions::draft), OutOfRange when prompt + lookahead exceeds the draft's context or
-  // KV cache.
+  // KV cache, InvalidArgument for forced tokens outside the vocabulary or not max_new_tokens
+  // of them, or forced / background with another prefill mode.
   absl::StatusOr<uint64_t> Submit(EngineRequest request);
   // Ends a request within one step; its final event has finish_reason kAborted. Unknown or
   // finished ids are ignored.
@@ -171,6 +192,8 @@ class Engine {
   // Submit's SpecPC / SpecKV checks; clears the budget when the whole prompt fits in it
   // (exact).
   absl::Status CheckDraftRequest(EngineRequest& request) const;
+  // Submit's ScoringRequest checks.
+  absl::Status CheckScoring(const EngineRequest& request) const;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -54,6 +54,11 @@ absl::Status GenerateCall::Submit(const v1::GenerateRequest& request, StepSink s
   EngineRequest& engine_request = validated->engine;
   metrics_.emplace(context_.metrics, engine_request);
   engine_request.ridgefill.maps = std::move(maps);
+  if (context_.shadow != nullptr && engine_request.ridgefill.split_layer >= 0 &&
+      context_.shadow->Sample(engine_request)) {
+    shadowed_.emplace();
+    shadowed_->prompt = engine_request.prompt;
+  }
   engine_request.on_event = [this](const TokenEvent& event) { OnEvent(event); };
   absl::StatusOr<uint64_t> id = context_.engine.Submit(std::move(engine_request));
   if (!id.ok()) {
@@ -63,6 +68,21 @@ absl::Status GenerateCall::Submit(const v1::GenerateRequest& request, StepSink s
   // Cancelled or aborted while being submitted: nobody could abort it yet, so do it now.
   if (context_.registry.SetEngineId(request_id_, *id)) context_.engine.Abort(*id);
   return absl::OkStatus();
+}
+
+void GenerateCall::CollectShadowed(const TokenEvent& event) {
+  RidgeFillShadow::Sampled& s = *shadowed_;
+  if (!event.first_logprobs.empty()) s.first_logprobs = event.first_logprobs;
+  s.tokens.insert(s.tokens.end(), event.tokens.begin(), event.tokens.end());
+  s.nll = event.emitted_nll;
+  s.split_layer = event.split_layer;
+  s.filled_prompt_tokens = event.filled_prompt_tokens;
+  // Compared when it ran to its end with rows filled (not aborted, not failed).
+  const bool complete =
+      event.finish_reason == FinishReason::kStop || event.finish_reason == FinishReason::kLength;
+  if (event.finished && event.status.ok() && complete && s.filled_prompt_tokens > 0) {
+    context_.shadow->Shadow(std::move(s));
+  }
 }
 
 void GenerateCall::Cancel() {
@@ -79,6 +99,7 @@ void GenerateCall::AbortEngineRequest() {
 }
 
 void GenerateCall::OnEvent(const TokenEvent& event) {
+  if (shadowed_) CollectShadowed(event);
   OutputBuilder::Step step = output_->OnEvent(event);
   metrics_->OnEvent(event, step.delta.finish_reason());
   if (step.abort_engine) AbortEngineRequest();

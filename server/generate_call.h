@@ -26,6 +26,7 @@
 #include "server/output_builder.h"
 #include "server/request_registry.h"
 #include "server/ridgefill_maps_manager.h"
+#include "server/ridgefill_shadow.h"
 #include "server/server_options.h"
 
 namespace ridgeserve {
@@ -40,6 +41,8 @@ struct ServingContext {
   // The RidgeFill maps of the moment: a RIDGEFILL request takes a snapshot and keeps its
   // maps to the end.
   const RidgeFillMapsManager& ridgefill;
+  // --ridgefill_shadow_fraction's sampler; null when off.
+  RidgeFillShadow* shadow = nullptr;
 };
 
 // One generation request's path from the wire (raw bytes, raw_messages.h) to the engine and
@@ -63,6 +66,8 @@ class GenerateCall {
  private:
   absl::Status Submit(const v1::GenerateRequest& request, StepSink sink);
   void OnEvent(const TokenEvent& event);
+  // Gathers a shadow-sampled request's side and hands it to the shadow when it ends.
+  void CollectShadowed(const TokenEvent& event);
   void AbortEngineRequest();
 
   const ServingContext context_;
@@ -70,6 +75,8 @@ class GenerateCall {
   bool admitted_ = false;
   std::optional<OutputBuilder> output_;    // engine thread only, once submitted
   std::optional<RequestMetrics> metrics_;  // engine thread only, once submitted
+  // Shadow-sampled RIDGEFILL requests: their side of the comparison (engine thread only).
+  std::optional<RidgeFillShadow::Sampled> shadowed_;
   StepSink sink_;
 };
 

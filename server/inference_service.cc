@@ -13,12 +13,13 @@
 namespace ridgeserve {
 
 InferenceService::InferenceService(const Model& model, Engine& engine, ServerOptions options,
-                                   ServerMetrics& metrics, const RidgeFillMapsManager& ridgefill)
+                                   ServerMetrics& metrics, const RidgeFillMapsManager& ridgefill,
+                                   RidgeFillShadow* shadow)
     : model_(model),
       engine_(engine),
       options_(std::move(options)),
       ridgefill_(ridgefill),
-      context_{model_, engine_, options_, registry_, metrics, ridgefill_} {}
+      context_{model_, engine_, options_, registry_, metrics, ridgefill_, shadow} {}
 
 namespace {
 

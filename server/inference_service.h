@@ -28,10 +28,11 @@ using RawInferenceService = v1::Inference::WithRawCallbackMethod_Generate<
 
 class InferenceService final : public RawInferenceService {
  public:
-  // `model`, `engine`, `metrics` and `ridgefill` must outlive the service and every call on
-  // it.
+  // `model`, `engine`, `metrics`, `ridgefill` and `shadow` (null: no shadow sampling) must
+  // outlive the service and every call on it.
   InferenceService(const Model& model, Engine& engine, ServerOptions options,
-                   ServerMetrics& metrics, const RidgeFillMapsManager& ridgefill);
+                   ServerMetrics& metrics, const RidgeFillMapsManager& ridgefill,
+                   RidgeFillShadow* shadow);
 
   // Each request is a serialized v1::<Method>Request, each response a serialized
   // v1::GenerateResponse, v1::AbortResponse, v1::TokenizeResponse or v1::ModelInfo.

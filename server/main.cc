@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -35,6 +36,7 @@
 #include "server/inference_service.h"
 #include "server/metrics.h"
 #include "server/ridgefill_maps_manager.h"
+#include "server/ridgefill_shadow.h"
 #include "server/server_credentials.h"
 #include "server/server_options.h"
 #include "server/shutdown_signal.h"
@@ -59,6 +61,10 @@ ABSL_FLAG(int32_t, ridgefill_min_prompt_tokens, 0,
 ABSL_FLAG(double, ridgefill_max_leverage, 0,
           "RidgeFill: filled rows whose split-layer state has a leverage above this under the "
           "calibration Gram run exactly (0: off; see README)");
+ABSL_FLAG(double, ridgefill_shadow_fraction, 0,
+          "RidgeFill: fraction of RIDGEFILL requests whose exact prefill also runs, on idle "
+          "capacity only, to measure what RidgeFill costs (ridgeserve_ridgefill_shadow_* "
+          "metrics; 0: off)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port (0: pick a free one; the log says which)");
 ABSL_FLAG(int32_t, metrics_port, 9400,
@@ -176,6 +182,11 @@ absl::Status CheckFlags() {
   }
   if (absl::GetFlag(FLAGS_default_exact_tail_tokens) < 0) {
     return absl::InvalidArgumentError("--default_exact_tail_tokens must be >= 0");
+  }
+  const double shadow = absl::GetFlag(FLAGS_ridgefill_shadow_fraction);
+  if (!(shadow >= 0 && shadow <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ridgefill_shadow_fraction must be in [0, 1], got ", shadow));
   }
   if (!(absl::GetFlag(FLAGS_shutdown_timeout_s) >= 0)) {
     return absl::InvalidArgumentError("--shutdown_timeout_s must be >= 0");
@@ -450,7 +461,15 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
       {RIDGESERVE_VERSION, model->config.name, options.backend, options.tensor_parallel});
   metrics.SetRidgeFillMaps([&maps = *maps] { return maps.Snapshot(); });
   RS_RETURN_IF_ERROR(ServeMetrics(metrics));
-  InferenceService service(*model, *engine, options, metrics, *maps);
+  std::unique_ptr<RidgeFillShadow> shadow;
+  if (const double fraction = absl::GetFlag(FLAGS_ridgefill_shadow_fraction); fraction > 0) {
+    shadow = std::make_unique<RidgeFillShadow>(*engine, metrics, fraction, std::random_device{}());
+    spdlog::info(
+        "RidgeFill shadow sampling: the exact prefill of {:.1f}% of RIDGEFILL requests "
+        "runs on idle capacity",
+        100 * fraction);
+  }
+  InferenceService service(*model, *engine, options, metrics, *maps, shadow.get());
   AdminService admin(security.admin != nullptr, *maps);
 
   grpc::EnableDefaultHealthCheckService(true);

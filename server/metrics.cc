@@ -27,6 +27,11 @@ const prometheus::Histogram::BucketBoundaries kRequestLatencyBuckets = {
     0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
+// KL(exact ‖ RidgeFill), nats: from distributions that agree to a few parts in ten thousand up
+// to ones that share little.
+const prometheus::Histogram::BucketBoundaries kShadowKlBuckets = {
+    0.0003, 0.001, 0.003, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0};
+
 // prefill_mode labels, by ServerMetrics::Mode.
 constexpr const char* kPrefillModes[] = {"exact", "ridgefill", "spec_pc", "spec_kv"};
 
@@ -215,6 +220,27 @@ ServerMetrics::ServerMetrics(std::function<EngineStats()> engine_stats, const Bu
                  "SpecKV: per-request time of the draft's prefill and lookahead answer and the KV "
                  "selection.")
            .Add({}, kTtftBuckets);
+  auto family = [&r](const char* name, const char* help) {
+    return &prometheus::BuildCounter().Name(name).Help(help).Register(r);
+  };
+  shadow_samples_ = family("ridgeserve_ridgefill_shadow_samples_total",
+                           "RidgeFill shadow sampling: requests compared with their exact "
+                           "shadow, by split layer.");
+  shadow_top1_ = family("ridgeserve_ridgefill_shadow_top1_agreement_total",
+                        "RidgeFill shadow sampling: compared requests whose next-token "
+                        "distribution after the prompt has the exact one's most likely token.");
+  shadow_kl_ = &histogram("ridgeserve_ridgefill_shadow_kl",
+                          "RidgeFill shadow sampling: KL(exact || RidgeFill) of the next-token "
+                          "distributions after the prompt, nats, by split layer.");
+  shadow_tokens_ = family("ridgeserve_ridgefill_shadow_generated_tokens_total",
+                          "RidgeFill shadow sampling: tokens the compared requests generated.");
+  shadow_nll_ = family("ridgeserve_ridgefill_shadow_generated_nll_total",
+                       "RidgeFill shadow sampling: summed -log p (nats) of the compared requests' "
+                       "generated tokens, under ridgefill and under exact prefill.");
+  shadow_dropped_ = family("ridgeserve_ridgefill_shadow_dropped_total",
+                           "RidgeFill shadow sampling: sampled requests whose shadow did not run "
+                           "(queue: requests waiting; displaced: dropped for other requests).");
+  for (const char* reason : {"queue", "displaced"}) shadow_dropped_->Add({{"reason", reason}});
   prometheus::BuildGauge()
       .Name("ridgeserve_build_info")
       .Help("Build and serving configuration; always 1.")
@@ -266,6 +292,22 @@ prometheus::Counter& ServerMetrics::RequestCounter(const ModeMetrics& mode,
 
 void ServerMetrics::RecordError(absl::StatusCode code) {
   errors_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
+}
+
+void ServerMetrics::RecordShadow(const ShadowComparison& c) {
+  const std::string split = absl::StrCat(c.split_layer);
+  const prometheus::Labels labels = {{"split_layer", split}};
+  shadow_samples_->Add(labels).Increment();
+  // Every series of a split exists from its first sample, so ratios of rates see zeros.
+  shadow_top1_->Add(labels).Increment(c.top1_agree ? 1 : 0);
+  shadow_kl_->Add(labels, kShadowKlBuckets).Observe(c.kl);
+  shadow_tokens_->Add(labels).Increment(c.tokens);
+  shadow_nll_->Add({{"split_layer", split}, {"prefill", "ridgefill"}}).Increment(c.ridgefill_nll);
+  shadow_nll_->Add({{"split_layer", split}, {"prefill", "exact"}}).Increment(c.exact_nll);
+}
+
+void ServerMetrics::RecordShadowDropped(const char* reason) {
+  shadow_dropped_->Add({{"reason", reason}}).Increment();
 }
 
 RequestMetrics::RequestMetrics(ServerMetrics& metrics, const EngineRequest& request)

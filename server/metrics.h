@@ -47,6 +47,18 @@
 //   calibrating, loaded, failed), ridgeserve_ridgefill_maps_version (0: none loaded yet),
 //   ridgeserve_ridgefill_calibration_progress_ratio (tokens calibrated / total while
 //   calibrating, else 0) and ridgeserve_ridgefill_maps_reloads_total{result} (ok, refused).
+// - RidgeFill shadow-exact sampling (--ridgefill_shadow_fraction, ridgefill_shadow.h), when a
+//   shadow finishes, by split_layer: ridgeserve_ridgefill_shadow_samples_total,
+//   ridgeserve_ridgefill_shadow_top1_agreement_total (the exact and RidgeFill distributions
+//   after the prompt have the same most likely token), ridgeserve_ridgefill_shadow_kl
+//   (KL(exact ‖ RidgeFill) of those distributions, nats), and for the tokens the request
+//   generated ridgeserve_ridgefill_shadow_generated_tokens_total and
+//   ridgeserve_ridgefill_shadow_generated_nll_total{prefill} (their summed -log p in nats
+//   under "ridgefill" and under "exact" prefill: the ratio of the two rates to the tokens'
+//   rate is the per-token NLL of each). ridgeserve_ridgefill_shadow_dropped_total{reason}:
+//   sampled requests whose shadow did not run: "queue" (requests were waiting when it
+//   finished) or "displaced" (the engine dropped it for other requests). Shadows are engine
+//   requests of their own and are in no other ridgeserve_* family but the engine gauges.
 //
 // Threading: every method is thread-safe. RequestMetrics belongs to one request and is fed
 // its events in order (the engine thread).
@@ -69,6 +81,7 @@
 #include "prometheus/registry.h"
 #include "ridgeserve/v1/ridgeserve.pb.h"
 #include "server/ridgefill_maps_manager.h"
+#include "server/shadow_comparison.h"
 
 namespace prometheus {
 class Exposer;
@@ -108,6 +121,11 @@ class ServerMetrics {
   // Exports the RidgeFill maps' state (see above), read on every scrape. Before Serve.
   void SetRidgeFillMaps(std::function<RidgeFillMapsSnapshot()> snapshot);
 
+  // RidgeFill shadow-exact sampling (see above): one comparison, or one shadow that did not
+  // run ("queue" or "displaced").
+  void RecordShadow(const ShadowComparison& comparison);
+  void RecordShadowDropped(const char* reason);
+
  private:
   friend class RequestMetrics;
   class EngineCollector;
@@ -141,6 +159,12 @@ class ServerMetrics {
   prometheus::Counter* spec_kv_kept_tokens_ = nullptr;
   prometheus::Counter* spec_kv_dropped_tokens_ = nullptr;
   prometheus::Histogram* spec_kv_draft_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shadow_samples_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shadow_top1_ = nullptr;
+  prometheus::Family<prometheus::Histogram>* shadow_kl_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shadow_tokens_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shadow_nll_ = nullptr;
+  prometheus::Family<prometheus::Counter>* shadow_dropped_ = nullptr;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };

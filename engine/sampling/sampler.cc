@@ -42,13 +42,25 @@ size_t NucleusSize(std::span<Candidate> candidates, double threshold) {
   }
 }
 
-}  // namespace
-
-double LogSoftmaxAt(std::span<const float> logits, int32_t token) {
+// log Σ exp(logits), in double, shifted by the maximum.
+double LogSumExp(std::span<const float> logits) {
   const double max = *std::max_element(logits.begin(), logits.end());
   double sum = 0.0;
   for (float x : logits) sum += std::exp(x - max);
-  return logits[token] - max - std::log(sum);
+  return max + std::log(sum);
+}
+
+}  // namespace
+
+double LogSoftmaxAt(std::span<const float> logits, int32_t token) {
+  return logits[token] - LogSumExp(logits);
+}
+
+std::vector<float> LogSoftmax(std::span<const float> logits) {
+  const double shift = LogSumExp(logits);
+  std::vector<float> out(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<float>(logits[i] - shift);
+  return out;
 }
 
 int32_t Argmax(std::span<const float> logits) {

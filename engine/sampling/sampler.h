@@ -34,6 +34,8 @@ struct SamplingParams {
 int32_t Argmax(std::span<const float> logits);
 // log_softmax(logits)[token] in double (SampleResult::logprob; the eval tools' NLL).
 double LogSoftmaxAt(std::span<const float> logits, int32_t token);
+// log_softmax(logits), every entry (accumulated in double).
+std::vector<float> LogSoftmax(std::span<const float> logits);
 
 // InvalidArgument naming the field ("temperature must be >= 0, got -1").
 absl::Status ValidateSamplingParams(const SamplingParams& params);

@@ -32,8 +32,10 @@ struct Scheduler::Impl {
     bool admitted_once = false;
   };
 
-  // (priority, arrival): lower runs first; the greatest is the first to be preempted.
+  // (background, priority, arrival): lower runs first; the greatest is the first to be
+  // preempted (or dropped, when background).
   static bool Before(const Entry* a, const Entry* b) {
+    if (a->req->background != b->req->background) return b->req->background;
     if (a->req->priority != b->req->priority) return a->req->priority < b->req->priority;
     return a->seq < b->seq;
   }
@@ -128,15 +130,25 @@ struct Scheduler::Impl {
         ScheduledChunk{&r, start, count, start + count == static_cast<int32_t>(r.tokens.size())});
   }
 
-  // Preemption by recompute. A victim already scheduled in this plan loses its chunk (the
-  // plan has not run, so nothing is lost but the budget, which is refunded).
-  void Preempt(Entry* e, StepPlan& plan, int32_t& budget) {
-    SchedRequest& r = *e->req;
+  // A request leaving the plan loses its chunk (the plan has not run, so nothing is lost but
+  // the budget, which is refunded).
+  void Unplan(SchedRequest& r, StepPlan& plan, int32_t& budget) {
     auto chunk = std::find_if(plan.chunks.begin(), plan.chunks.end(),
                               [&](const ScheduledChunk& c) { return c.request == &r; });
     if (chunk != plan.chunks.end()) {
       budget += chunk->count;
       plan.chunks.erase(chunk);
+    }
+  }
+
+  // Preemption by recompute; a background request is dropped instead.
+  void Preempt(Entry* e, StepPlan& plan, int32_t& budget) {
+    SchedRequest& r = *e->req;
+    Unplan(r, plan, budget);
+    if (r.background) {
+      plan.dropped.push_back(&r);
+      Remove(r.id);
+      return;
     }
     FreeBlocks(r);  // its published blocks stay in the cache: a quick resume may reuse them
     r.num_computed_tokens = 0;
@@ -213,30 +225,63 @@ struct Scheduler::Impl {
     return true;
   }
 
-  StepPlan Schedule() {
-    graveyard.clear();
-    StepPlan plan;
-    int32_t budget = config.max_batch_tokens;
+  // Plans the running requests of one kind (background or not).
+  void PlanRunning(bool background, StepPlan& plan, int32_t& budget) {
     auto remaining = [](const Entry* e) {
       return static_cast<int32_t>(e->req->tokens.size()) - e->req->num_computed_tokens;
     };
     // Decodes first, so a long prefill never delays running streams. `running` is sorted
     // best first, so victims (taken from the back) are never before index i.
     for (size_t i = 0; i < running.size() && budget > 0; ++i) {
-      if (remaining(running[i]) == 1) ScheduleRunning(running[i], plan, budget);
+      if (running[i]->req->background == background && remaining(running[i]) == 1) {
+        ScheduleRunning(running[i], plan, budget);
+      }
     }
     // Then chunks of prompts (or of recomputation after a preemption) already running.
     for (size_t i = 0; i < running.size() && budget > 0; ++i) {
-      if (remaining(running[i]) > 1) ScheduleRunning(running[i], plan, budget);
-    }
-    // Then new requests, strictly in (priority, arrival) order: the head of the queue waits
-    // for blocks rather than being overtaken. Not after a preemption in this step: blocks are
-    // short, and re-admitting the victim at once would only thrash.
-    if (plan.preempted.empty()) {
-      while (budget > 0 && !waiting.empty() &&
-             static_cast<int32_t>(running.size()) < config.max_running_requests) {
-        if (!Admit(*waiting.begin(), plan, budget)) break;
+      if (running[i]->req->background == background && remaining(running[i]) > 1) {
+        ScheduleRunning(running[i], plan, budget);
       }
+    }
+  }
+
+  // Admits waiting requests of one kind, strictly in (priority, arrival) order: the head of
+  // the queue waits for blocks rather than being overtaken. Not after a preemption in this
+  // step: blocks are short, and re-admitting the victim at once would only thrash.
+  void AdmitWaiting(bool background, StepPlan& plan, int32_t& budget) {
+    if (!plan.preempted.empty()) return;
+    while (budget > 0 && !waiting.empty() && (*waiting.begin())->req->background == background &&
+           static_cast<int32_t>(running.size()) < config.max_running_requests) {
+      if (!Admit(*waiting.begin(), plan, budget)) break;
+    }
+  }
+
+  bool OtherRequestWaits() const {
+    return !waiting.empty() && !(*waiting.begin())->req->background;
+  }
+
+  StepPlan Schedule() {
+    graveyard.clear();
+    StepPlan plan;
+    int32_t budget = config.max_batch_tokens;
+    PlanRunning(/*background=*/false, plan, budget);
+    AdmitWaiting(/*background=*/false, plan, budget);
+    if (OtherRequestWaits()) {
+      // It waits for budget, blocks or a running slot: drop the background requests, which
+      // may hold what it needs, and try again. Background requests get nothing this step.
+      std::vector<Entry*> background;
+      for (Entry* e : running) {
+        if (e->req->background) background.push_back(e);
+      }
+      for (Entry* e : waiting) {
+        if (e->req->background) background.push_back(e);
+      }
+      for (Entry* e : background) Preempt(e, plan, budget);
+      AdmitWaiting(/*background=*/false, plan, budget);
+    } else {
+      // What is left goes to the background requests.
+      PlanRunning(/*background=*/true, plan, budget);
+      AdmitWaiting(/*background=*/true, plan, budget);
     }
     return plan;
   }

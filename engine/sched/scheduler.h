@@ -19,6 +19,12 @@
 //   itself the worst, it first shrinks its prefill chunk to what the free blocks hold, and is
 //   preempted only when not a single token fits. The best request therefore always
 //   progresses (its max_total_tokens fits the cache), so everything admitted finishes.
+// - Background requests (SchedRequest::background: quality sampling the server runs on idle
+//   capacity) come after every other request in every order, run only on the budget and
+//   blocks the others leave, and are dropped, never preempted: when another request is still
+//   waiting at the end of a plan, or needs a background request's blocks, every background
+//   request is removed (StepPlan::dropped) and its blocks freed. Another request is thus
+//   never delayed by more than the step in which a background one was planned.
 // - Prefix caching: full blocks are identified by a hash of (parent hash, block tokens); a
 //   new or resumed request reuses cached blocks of its longest cached full-block prefix
 //   (never the block holding its last prompt token, so at least one token is computed and
@@ -72,6 +78,8 @@ struct SchedRequest {
   // False: the request's blocks are never taken from nor published to the prefix cache (SpecKV
   // rewrites its K/V in place, Rewrite()).
   bool share_kv = true;
+  // Runs on what other requests leave; dropped under load (see the policy above).
+  bool background = false;
   // Tokens whose K/V are in the cache (computed or taken from the prefix cache).
   int32_t num_computed_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;  // of the prompt, taken from the prefix cache
@@ -93,6 +101,9 @@ struct ScheduledChunk {
 struct StepPlan {
   std::vector<ScheduledChunk> chunks;    // decodes first, then prefill chunks
   std::vector<SchedRequest*> preempted;  // preempted during this Schedule()
+  // Background requests removed during this Schedule() (state kFinished): the engine ends
+  // them. Valid until the next Schedule(), as finished requests are.
+  std::vector<SchedRequest*> dropped;
   int32_t num_tokens() const;
 };
 

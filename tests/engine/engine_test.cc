@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <thread>
 
@@ -178,6 +179,115 @@ TEST_F(EngineTest, RejectsWhatCannotRun) {
   }
   EXPECT_GE(exhausted, 1);
   for (auto& f : admitted) EXPECT_TRUE(f.get().status.ok());
+}
+
+// Teacher forcing with capture: the forced tokens come out as given, with the -log p a plain
+// one-sequence decode of prompt + forced tokens gives them, and the first event carries the
+// distribution after the prompt. Batched with a greedy request, which is unchanged.
+TEST_F(EngineTest, ForcedTokensAreScoredAsASingleSequenceDecodeScoresThem) {
+  const std::vector<int32_t> prompt = RandomTokens(37, 5);
+  const std::vector<int32_t> forced = RandomTokens(6, 6);
+  std::vector<double> want_nll;
+  std::vector<float> after_prompt;
+  {
+    SequenceRunner runner(*model_->llama, static_cast<int32_t>(prompt.size() + forced.size()));
+    std::vector<float> logits;
+    ASSERT_TRUE(runner.Append(prompt, 512, false, logits).ok());
+    after_prompt = logits;
+    for (int32_t t : forced) {
+      want_nll.push_back(-LogSoftmaxAt(logits, t));
+      const int32_t one[] = {t};
+      ASSERT_TRUE(runner.Append(one, 1, false, logits).ok());
+    }
+  }
+  const std::vector<int32_t> other = RandomTokens(50, 8);
+  const std::vector<int32_t> other_want = Reference(other, 8);
+
+  EngineOptions options;
+  options.scheduler.max_batch_tokens = 32;  // chunked, batched with the other request
+  auto engine = Engine::Create(*model_, options);
+  ASSERT_TRUE(engine.ok());
+  EngineRequest r;
+  r.prompt = prompt;
+  r.max_new_tokens = static_cast<int32_t>(forced.size());
+  r.scoring.capture = true;
+  r.scoring.forced = forced;
+  auto events = std::make_shared<std::vector<TokenEvent>>();
+  auto done = std::make_shared<std::promise<void>>();
+  r.on_event = [events, done](const TokenEvent& e) {
+    events->push_back(e);
+    if (e.finished) done->set_value();
+  };
+  ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
+  auto other_done = std::make_shared<std::promise<Outcome>>();
+  auto other_out = other_done->get_future();
+  ASSERT_TRUE((*engine)->Submit(Greedy(other, 8, other_done)).ok());
+  done->get_future().wait();
+  EXPECT_EQ(other_out.get().tokens, other_want);
+
+  std::vector<int32_t> tokens;
+  double previous = 0;
+  for (const TokenEvent& e : *events) {
+    ASSERT_TRUE(e.status.ok()) << e.status;
+    for (int32_t t : e.tokens) {
+      const size_t i = tokens.size();
+      tokens.push_back(t);
+      ASSERT_LT(i, want_nll.size());
+      EXPECT_NEAR(e.emitted_nll - previous, want_nll[i], 2e-3 * (1 + want_nll[i])) << i;
+    }
+    previous = e.emitted_nll;
+  }
+  EXPECT_EQ(tokens, forced);
+  EXPECT_EQ(events->back().finish_reason, FinishReason::kLength);
+  const std::vector<float>& first = events->front().first_logprobs;
+  ASSERT_EQ(first.size(), static_cast<size_t>(model_->config.vocab_size));
+  double mass = 0;
+  for (float lp : first) mass += std::exp(static_cast<double>(lp));
+  EXPECT_NEAR(mass, 1.0, 1e-4);
+  EXPECT_EQ(Argmax(first), Argmax(after_prompt));
+  EXPECT_NEAR(-first[forced[0]], want_nll[0], 2e-3 * (1 + want_nll[0]));
+  for (size_t i = 1; i < events->size(); ++i) EXPECT_TRUE((*events)[i].first_logprobs.empty());
+}
+
+// A background request holds the only running slot; a request that arrives is served at
+// once, as alone, and the background one ends with Unavailable.
+TEST_F(EngineTest, BackgroundRequestIsDroppedForAnotherRequest) {
+  const std::vector<int32_t> prompt = RandomTokens(20, 31);
+  const std::vector<int32_t> want = Reference(prompt, 6);
+  EngineOptions options;
+  options.scheduler.max_running_requests = 1;
+  auto engine = Engine::Create(*model_, options);
+  ASSERT_TRUE(engine.ok());
+  EngineRequest background;
+  background.prompt = RandomTokens(30, 32);
+  background.scoring.forced = RandomTokens(400, 33);
+  background.scoring.background = true;
+  background.max_new_tokens = 400;
+  auto started = std::make_shared<std::promise<void>>();
+  auto ended = std::make_shared<std::promise<absl::Status>>();
+  auto seen = std::make_shared<int>(0);
+  background.on_event = [started, ended, seen](const TokenEvent& e) {
+    if ((*seen)++ == 0) started->set_value();
+    if (e.finished) ended->set_value(e.status);
+  };
+  ASSERT_TRUE((*engine)->Submit(std::move(background)).ok());
+  started->get_future().wait();
+  auto done = std::make_shared<std::promise<Outcome>>();
+  auto out = done->get_future();
+  ASSERT_TRUE((*engine)->Submit(Greedy(prompt, 6, done)).ok());
+  const absl::Status dropped = ended->get_future().get();
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kUnavailable) << dropped;
+  EXPECT_EQ(out.get().tokens, want);
+  WaitForFreeBlocks(**engine);
+
+  // Forced tokens must be max_new_tokens of them, in the vocabulary, and prefill exactly.
+  EngineRequest bad;
+  bad.prompt = prompt;
+  bad.max_new_tokens = 3;
+  bad.scoring.forced = {1, 2};
+  EXPECT_EQ((*engine)->Submit(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  bad.scoring.forced = {1, 2, model_->config.vocab_size};
+  EXPECT_EQ((*engine)->Submit(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

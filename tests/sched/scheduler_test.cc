@@ -60,11 +60,15 @@ class Harness {
   BlockPool& pool() { return pool_; }
   const std::map<uint64_t, std::vector<int32_t>>& done() const { return done_; }
 
+  const std::set<uint64_t>& dropped() const { return dropped_; }
+
   absl::Status Add(uint64_t id, std::vector<int32_t> prompt, int32_t max_new, int32_t priority = 0,
-                   uint64_t salt = 0, std::vector<uint8_t> filled_rows = {}) {
+                   uint64_t salt = 0, std::vector<uint8_t> filled_rows = {},
+                   bool background = false) {
     auto r = std::make_unique<SchedRequest>();
     r->id = id;
     r->priority = priority;
+    r->background = background;
     r->num_prompt_tokens = static_cast<int32_t>(prompt.size());
     r->max_total_tokens = r->num_prompt_tokens + max_new;
     r->tokens = std::move(prompt);
@@ -85,6 +89,10 @@ class Harness {
   StepPlan Step() {
     StepPlan plan = sched_.Schedule();
     CheckPlan(plan);
+    for (const SchedRequest* r : plan.dropped) {
+      dropped_.insert(r->id);
+      live_.erase(r->id);
+    }
     std::vector<int32_t> sampled = Run(plan);
     sched_.Update(plan, sampled);
     for (size_t i = 0; i < plan.chunks.size(); ++i) {
@@ -134,6 +142,13 @@ class Harness {
       ASSERT_TRUE(r->blocks.empty());
       ASSERT_EQ(r->num_computed_tokens, 0);
       ASSERT_FALSE(seen.count(r)) << "preempted request left in the plan";
+      ASSERT_FALSE(r->background) << "a background request is dropped, not preempted";
+    }
+    for (const SchedRequest* r : plan.dropped) {
+      ASSERT_TRUE(r->background);
+      ASSERT_EQ(r->state, RequestState::kFinished);
+      ASSERT_TRUE(r->blocks.empty());
+      ASSERT_FALSE(seen.count(r)) << "dropped request left in the plan";
     }
   }
 
@@ -233,6 +248,7 @@ class Harness {
   bool stop_on_eos_;
   std::map<uint64_t, SchedRequest*> live_;
   std::map<uint64_t, std::vector<int32_t>> done_;
+  std::set<uint64_t> dropped_;
   int64_t steps_ = 0;
 };
 
@@ -438,6 +454,64 @@ TEST(SchedulerTest, WorstRequestShrinksItsChunkBeforePreemptingItself) {
   EXPECT_GE(h.sched().stats().num_preemptions, 1);  // A's growth later evicts B
   EXPECT_EQ(h.done().at(1), Reference(Tokens(20, 1), 80, false));
   EXPECT_EQ(h.done().at(2), Reference(Tokens(70, 2), 75, false));
+}
+
+// A background request, added first, runs only on the budget the other request leaves, and
+// both end as they would alone.
+TEST(SchedulerTest, BackgroundRunsOnWhatOthersLeave) {
+  Harness h(Config(32), 64);
+  ASSERT_TRUE(h.Add(1, Tokens(40, 1), 4, /*priority=*/0, 0, {}, /*background=*/true).ok());
+  ASSERT_TRUE(h.Add(2, Tokens(40, 2), 4, /*priority=*/5).ok());
+  StepPlan p1 = h.Step();
+  EXPECT_EQ(CountOf(p1, 2), 32);
+  EXPECT_EQ(CountOf(p1, 1), 0);
+  StepPlan p2 = h.Step();
+  EXPECT_EQ(CountOf(p2, 2), 8);
+  EXPECT_EQ(CountOf(p2, 1), 24);
+  StepPlan p3 = h.Step();  // the other request decodes first
+  EXPECT_EQ(CountOf(p3, 2), 1);
+  EXPECT_EQ(CountOf(p3, 1), 16);
+  h.RunToCompletion();
+  EXPECT_TRUE(h.dropped().empty());
+  EXPECT_EQ(h.done().at(1), Reference(Tokens(40, 1), 44, false));
+  EXPECT_EQ(h.done().at(2), Reference(Tokens(40, 2), 44, false));
+}
+
+// A request waiting for a running slot drops the background request holding it, and is
+// admitted in the same step.
+TEST(SchedulerTest, BackgroundDroppedWhenAnotherWaitsForASlot) {
+  Harness h(Config(256, /*max_running=*/1), 64);
+  ASSERT_TRUE(h.Add(1, Tokens(20, 1), 30, 0, 0, {}, /*background=*/true).ok());
+  h.Step();
+  h.Step();
+  ASSERT_TRUE(h.Add(2, Tokens(20, 2), 5).ok());
+  StepPlan p = h.Step();
+  ASSERT_EQ(p.dropped.size(), 1u);
+  EXPECT_EQ(p.dropped[0]->id, 1u);
+  EXPECT_TRUE(p.preempted.empty());
+  EXPECT_EQ(CountOf(p, 2), 20);
+  h.RunToCompletion();
+  EXPECT_EQ(h.dropped(), (std::set<uint64_t>{1}));
+  EXPECT_EQ(h.done().count(1), 0u);
+  EXPECT_EQ(h.done().at(2), Reference(Tokens(20, 2), 25, false));
+  EXPECT_EQ(h.pool().num_free(), 64);
+}
+
+// Short of blocks, the other request takes the background request's: dropped, not preempted
+// (never requeued, never recomputed).
+TEST(SchedulerTest, BackgroundDroppedNotPreemptedWhenBlocksRunOut) {
+  Harness h(Config(256, 64, 256, /*prefix_caching=*/false), 6);  // 96 tokens of KV
+  ASSERT_TRUE(h.Add(1, Tokens(50, 1), 40, 0, 0, {}, /*background=*/true).ok());
+  h.Step();
+  ASSERT_TRUE(h.Add(2, Tokens(60, 2), 10).ok());
+  StepPlan p = h.Step();
+  EXPECT_EQ(p.dropped.size(), 1u);
+  EXPECT_EQ(CountOf(p, 2), 60);
+  h.RunToCompletion();
+  EXPECT_EQ(h.dropped(), (std::set<uint64_t>{1}));
+  EXPECT_EQ(h.sched().stats().num_preemptions, 0);
+  EXPECT_EQ(h.done().at(2), Reference(Tokens(60, 2), 70, false));
+  EXPECT_EQ(h.pool().num_free(), 6);
 }
 
 TEST(SchedulerTest, PrefixCacheHitSharesFullBlocks) {

@@ -103,6 +103,51 @@ TEST(ServerMetricsTest, ExactRequestCountedOnceWithItsTokens) {
   EXPECT_EQ(Value(text, "ridgeserve_ridgefill_filled_tokens_total"), 0);
 }
 
+TEST(ServerMetricsTest, ShadowComparisonsBySplitLayer) {
+  ServerMetrics metrics(Idle, Info());
+  EXPECT_EQ(Value(metrics.Render(), R"(ridgeserve_ridgefill_shadow_dropped_total{reason="queue"})"),
+            0);  // exists before the first drop
+  ShadowComparison a;
+  a.split_layer = 16;
+  a.kl = 0.04;
+  a.top1_agree = true;
+  a.tokens = 10;
+  a.ridgefill_nll = 12.5;
+  a.exact_nll = 11.0;
+  ShadowComparison b = a;
+  b.kl = 0.5;
+  b.top1_agree = false;
+  b.tokens = 0;
+  b.ridgefill_nll = b.exact_nll = 0;
+  ShadowComparison c = a;
+  c.split_layer = 20;
+  c.kl = 0.002;
+  metrics.RecordShadow(a);
+  metrics.RecordShadow(b);
+  metrics.RecordShadow(c);
+  metrics.RecordShadowDropped("displaced");
+  const std::string t = metrics.Render();
+  EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_samples_total{split_layer="16"})"), 2);
+  EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_top1_agreement_total{split_layer="16"})"), 1);
+  EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_samples_total{split_layer="20"})"), 1);
+  EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_kl_count{split_layer="16"})"), 2);
+  EXPECT_DOUBLE_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_kl_sum{split_layer="16"})"), 0.54);
+  EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_kl_bucket{split_layer="16",le="0.05"})"), 1);
+  EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_generated_tokens_total{split_layer="16"})"),
+            10);
+  EXPECT_EQ(
+      Value(
+          t,
+          R"(ridgeserve_ridgefill_shadow_generated_nll_total{prefill="ridgefill",split_layer="16"})"),
+      12.5);
+  EXPECT_EQ(
+      Value(t,
+            R"(ridgeserve_ridgefill_shadow_generated_nll_total{prefill="exact",split_layer="16"})"),
+      11);
+  EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_dropped_total{reason="displaced"})"), 1);
+  EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_dropped_total{reason="queue"})"), 0);
+}
+
 TEST(ServerMetricsTest, RidgeFillRequestCountsFilledRowsAndSavedSeconds) {
   ServerMetrics metrics(Idle, Info());
   RequestMetrics request(metrics, EngineRequest{});
