@@ -125,7 +125,15 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
 };
 
 void ServerMetrics::SetRidgeFillMaps(std::function<RidgeFillMapsSnapshot()> snapshot) {
-  engine_collector_->ridgefill_ = std::move(snapshot);
+  // The collector runs after the registry's families in a scrape, so series added here are
+  // in the next one.
+  engine_collector_->ridgefill_ = [this, snapshot = std::move(snapshot)] {
+    RidgeFillMapsSnapshot s = snapshot();
+    if (shadow_by_split_) {
+      for (int32_t split : s.split_layers) ShadowSeriesOf(split);
+    }
+    return s;
+  };
 }
 
 ServerMetrics::ServerMetrics(std::function<EngineStats()> engine_stats, const BuildInfo& info)
@@ -294,16 +302,27 @@ void ServerMetrics::RecordError(absl::StatusCode code) {
   errors_->Add({{"code", absl::StatusCodeToString(code)}}).Increment();
 }
 
-void ServerMetrics::RecordShadow(const ShadowComparison& c) {
-  const std::string split = absl::StrCat(c.split_layer);
+ServerMetrics::ShadowSeries ServerMetrics::ShadowSeriesOf(int32_t split_layer) {
+  const std::string split = absl::StrCat(split_layer);
   const prometheus::Labels labels = {{"split_layer", split}};
-  shadow_samples_->Add(labels).Increment();
-  // Every series of a split exists from its first sample, so ratios of rates see zeros.
-  shadow_top1_->Add(labels).Increment(c.top1_agree ? 1 : 0);
-  shadow_kl_->Add(labels, kShadowKlBuckets).Observe(c.kl);
-  shadow_tokens_->Add(labels).Increment(c.tokens);
-  shadow_nll_->Add({{"split_layer", split}, {"prefill", "ridgefill"}}).Increment(c.ridgefill_nll);
-  shadow_nll_->Add({{"split_layer", split}, {"prefill", "exact"}}).Increment(c.exact_nll);
+  return {&shadow_samples_->Add(labels),
+          &shadow_top1_->Add(labels),
+          &shadow_kl_->Add(labels, kShadowKlBuckets),
+          &shadow_tokens_->Add(labels),
+          &shadow_nll_->Add({{"split_layer", split}, {"prefill", "ridgefill"}}),
+          &shadow_nll_->Add({{"split_layer", split}, {"prefill", "exact"}})};
+}
+
+void ServerMetrics::RecordShadow(const ShadowComparison& c) {
+  // Every series of a split exists from its first sample at the latest, so ratios of rates
+  // see zeros.
+  const ShadowSeries s = ShadowSeriesOf(c.split_layer);
+  s.samples->Increment();
+  s.top1->Increment(c.top1_agree ? 1 : 0);
+  s.kl->Observe(c.kl);
+  s.tokens->Increment(c.tokens);
+  s.ridgefill_nll->Increment(c.ridgefill_nll);
+  s.exact_nll->Increment(c.exact_nll);
 }
 
 void ServerMetrics::RecordShadowDropped(const char* reason) {

@@ -55,7 +55,9 @@
 //   generated ridgeserve_ridgefill_shadow_generated_tokens_total and
 //   ridgeserve_ridgefill_shadow_generated_nll_total{prefill} (their summed -log p in nats
 //   under "ridgefill" and under "exact" prefill: the ratio of the two rates to the tokens'
-//   rate is the per-token NLL of each). ridgeserve_ridgefill_shadow_dropped_total{reason}:
+//   rate is the per-token NLL of each). With sampling on, each split layer of the maps in
+//   use has these series at 0 from the scrape after the maps are loaded.
+//   ridgeserve_ridgefill_shadow_dropped_total{reason}:
 //   sampled requests whose shadow did not run: "queue" (requests were waiting when it
 //   finished) or "displaced" (the engine dropped it for other requests). Shadows are engine
 //   requests of their own and are in no other ridgeserve_* family but the engine gauges.
@@ -66,6 +68,7 @@
 #define RIDGESERVE_SERVER_METRICS_H_
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -125,6 +128,10 @@ class ServerMetrics {
   // run ("queue" or "displaced").
   void RecordShadow(const ShadowComparison& comparison);
   void RecordShadowDropped(const char* reason);
+  // From now on every split layer of the maps in use has its shadow series, at 0, from the
+  // scrape after the maps are loaded on: rates then count each split's first comparison.
+  // RidgeFillShadow calls it; needs SetRidgeFillMaps.
+  void ExportShadowSeriesBySplit() { shadow_by_split_ = true; }
 
  private:
   friend class RequestMetrics;
@@ -142,6 +149,16 @@ class ServerMetrics {
   enum Mode { kExact, kRidgeFill, kSpecPc, kSpecKv, kNumModes };  // index into modes_
   // ridgeserve_requests_total{finish_reason (lower case), prefill_mode}.
   prometheus::Counter& RequestCounter(const ModeMetrics& mode, v1::FinishReason reason);
+  // The shadow series of one split layer (Family::Add: created at 0 the first time).
+  struct ShadowSeries {
+    prometheus::Counter* samples;
+    prometheus::Counter* top1;
+    prometheus::Histogram* kl;
+    prometheus::Counter* tokens;
+    prometheus::Counter* ridgefill_nll;
+    prometheus::Counter* exact_nll;
+  };
+  ShadowSeries ShadowSeriesOf(int32_t split_layer);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<EngineCollector> engine_collector_;
@@ -165,6 +182,7 @@ class ServerMetrics {
   prometheus::Family<prometheus::Counter>* shadow_tokens_ = nullptr;
   prometheus::Family<prometheus::Counter>* shadow_nll_ = nullptr;
   prometheus::Family<prometheus::Counter>* shadow_dropped_ = nullptr;
+  std::atomic<bool> shadow_by_split_ = false;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };

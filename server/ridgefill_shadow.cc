@@ -18,6 +18,7 @@ RidgeFillShadow::RidgeFillShadow(Engine& engine, ServerMetrics& metrics, double 
                                  uint64_t seed)
     : engine_(engine), sink_(std::make_shared<Sink>()), fraction_(fraction), rng_(seed) {
   sink_->metrics = &metrics;
+  metrics.ExportShadowSeriesBySplit();
 }
 
 RidgeFillShadow::~RidgeFillShadow() {
@@ -75,7 +76,10 @@ void RidgeFillShadow::Shadow(Sampled sampled) {
       spdlog::warn("RidgeFill shadow request: no distribution to compare");
       return;
     }
-    ShadowComparison c = CompareDistributions(pending->exact_first, f.first_logprobs);
+    const DistributionGap gap = CompareDistributions(pending->exact_first, f.first_logprobs);
+    ShadowComparison c;
+    c.kl = gap.kl;
+    c.top1_agree = gap.top1_agree;
     c.split_layer = f.split_layer;
     c.tokens = static_cast<int32_t>(f.tokens.size());
     if (c.tokens > 0) {

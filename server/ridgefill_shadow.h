@@ -36,7 +36,7 @@ class RidgeFillShadow {
   };
 
   // `fraction` in (0, 1]. `engine` and `metrics` must outlive the shadow; shadows still in
-  // the engine when it goes record nothing.
+  // the engine when it goes record nothing. Turns on metrics' shadow series by split layer.
   RidgeFillShadow(Engine& engine, ServerMetrics& metrics, double fraction, uint64_t seed);
   ~RidgeFillShadow();
   RidgeFillShadow(const RidgeFillShadow&) = delete;

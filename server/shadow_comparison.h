@@ -5,13 +5,13 @@
 #define RIDGESERVE_SERVER_SHADOW_COMPARISON_H_
 
 #include <cstdint>
-#include <span>
 
 namespace ridgeserve {
 
 struct ShadowComparison {
   int32_t split_layer = -1;
-  // KL(exact ‖ RidgeFill) of the distributions after the prompt, in nats.
+  // KL(exact ‖ RidgeFill) of the distributions after the prompt, in nats
+  // (CompareDistributions, engine/sampling/sampler.h).
   double kl = 0;
   // The two distributions' most likely tokens are the same.
   bool top1_agree = false;
@@ -21,11 +21,6 @@ struct ShadowComparison {
   double ridgefill_nll = 0;
   double exact_nll = 0;
 };
-
-// KL(p ‖ q) = Σ p (log p − log q) and top-1 agreement from two log-softmax vectors of one
-// vocabulary (in double; a q of -inf where p > 0 gives +inf).
-ShadowComparison CompareDistributions(std::span<const float> exact_logprobs,
-                                      std::span<const float> filled_logprobs);
 
 }  // namespace ridgeserve
 

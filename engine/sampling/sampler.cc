@@ -71,6 +71,19 @@ int32_t Argmax(std::span<const float> logits) {
   return static_cast<int32_t>(best);
 }
 
+DistributionGap CompareDistributions(std::span<const float> p_logprobs,
+                                     std::span<const float> q_logprobs) {
+  assert(p_logprobs.size() == q_logprobs.size());
+  double kl = 0;
+  for (size_t i = 0; i < p_logprobs.size(); ++i) {
+    const double lp = p_logprobs[i];
+    const double p = std::exp(lp);
+    if (p > 0) kl += p * (lp - static_cast<double>(q_logprobs[i]));
+  }
+  // Rounding can leave a tiny negative sum for equal distributions.
+  return {kl > 0 ? kl : 0, Argmax(p_logprobs) == Argmax(q_logprobs)};
+}
+
 absl::Status ValidateSamplingParams(const SamplingParams& params) {
   // Comparisons are written so that NaN fails them.
   if (!(params.temperature >= 0.0f) || !std::isfinite(params.temperature)) {

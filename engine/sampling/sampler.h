@@ -37,6 +37,16 @@ double LogSoftmaxAt(std::span<const float> logits, int32_t token);
 // log_softmax(logits), every entry (accumulated in double).
 std::vector<float> LogSoftmax(std::span<const float> logits);
 
+// How far a distribution q is from p, both given as log-softmax vectors of one vocabulary:
+// KL(p ‖ q) = Σ p (log p − log q) in nats (in double; a q of -inf where p > 0 gives +inf),
+// and whether their most likely tokens (Argmax) are the same.
+struct DistributionGap {
+  double kl = 0;
+  bool top1_agree = false;
+};
+DistributionGap CompareDistributions(std::span<const float> p_logprobs,
+                                     std::span<const float> q_logprobs);
+
 // InvalidArgument naming the field ("temperature must be >= 0, got -1").
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 

@@ -16,6 +16,10 @@
 //   distant-loss  --model M --maps F --text FILE [--prompt_tokens 4096] [--exact_tail_tokens T]
 //                 [--split_layer S] [--windows N] [--distant_threshold_nats D]
 //                 tail-token NLL, exact vs RidgeFill, all and distant-dependent tokens
+//   next-token-kl --model M --maps F (--token_ids 1,2,3 | --text FILE) [--exact_tail_tokens T]
+//                 [--split_layer S] [--chunk N]
+//                 KL(exact ‖ RidgeFill) and top-1 agreement of the distribution after the prompt
+//                 per split: what the server's shadow sampling measures, offline
 //   splice        --model M --maps F --text FILE [--split_layer S] [--prompt_tokens N]
 //                 [--exact_tail_tokens T] [--windows K] [--per_layer]
 //                 distant-loss's NLLs with the filled rows' predicted K, V, both or only the
@@ -548,6 +552,16 @@ class Eval {
     return RunDistantLoss(*model_, o);
   }
 
+  absl::StatusOr<Json> NextTokenKl() {
+    NextTokenKlOptions o;
+    RS_ASSIGN_OR_RETURN(o.splits, LoadMaps());
+    o.maps = maps_.maps.get();
+    RS_ASSIGN_OR_RETURN(o.tokens, InputTokens());
+    o.exact_tail_tokens = absl::GetFlag(FLAGS_exact_tail_tokens);
+    o.chunk = absl::GetFlag(FLAGS_chunk);
+    return RunNextTokenKl(*model_, o);
+  }
+
   absl::StatusOr<Json> Splice() {
     SpliceOptions o;
     RS_ASSIGN_OR_RETURN(o.window.splits, LoadMaps());
@@ -639,8 +653,8 @@ absl::StatusOr<Json> Run(const std::string& command) {
   Eval eval;
   if (command != "perplexity" && command != "generate" && command != "bench-prefill" &&
       command != "bench-decode" && command != "logits" && command != "ttft" &&
-      command != "needle" && command != "distant-loss" && command != "splice" &&
-      command != "pareto" && command != "spec-pc" && command != "spec-kv") {
+      command != "needle" && command != "distant-loss" && command != "next-token-kl" &&
+      command != "splice" && command != "pareto" && command != "spec-pc" && command != "spec-kv") {
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
   }
   if (absl::GetFlag(FLAGS_tensor_parallel) != 1 && command != "perplexity" &&
@@ -656,6 +670,7 @@ absl::StatusOr<Json> Run(const std::string& command) {
   if (command == "ttft") return eval.Ttft();
   if (command == "needle") return eval.Needle();
   if (command == "distant-loss") return eval.DistantLoss();
+  if (command == "next-token-kl") return eval.NextTokenKl();
   if (command == "splice") return eval.Splice();
   if (command == "pareto") return eval.Pareto();
   if (command == "spec-pc") return eval.SpecPc();
@@ -669,7 +684,8 @@ absl::StatusOr<Json> Run(const std::string& command) {
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "ridgeserve-eval "
-      "<perplexity|generate|bench-prefill|bench-decode|logits|ttft|needle|distant-loss|splice|"
+      "<perplexity|generate|bench-prefill|bench-decode|logits|ttft|needle|distant-loss|"
+      "next-token-kl|splice|"
       "pareto|spec-pc|spec-kv> "
       "--model M [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

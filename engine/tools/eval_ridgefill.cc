@@ -13,6 +13,7 @@
 #include "engine/common/status_macros.h"
 #include "engine/ridgefill/ridgefill_maps.h"
 #include "engine/ridgefill/ridgefill_plan.h"
+#include "engine/sampling/sampler.h"
 #include "engine/tools/eval_scoring.h"
 #include "engine/tools/sequence_runner.h"
 #include "spdlog/spdlog.h"
@@ -109,6 +110,38 @@ absl::StatusOr<Json> RunDistantLoss(Model& model, const DistantLossOptions& o) {
     for (const auto& [key, value] : splits[0].items()) out[key] = value;
   }
   return out;
+}
+
+absl::StatusOr<Json> RunNextTokenKl(Model& model, const NextTokenKlOptions& o) {
+  RS_RETURN_IF_ERROR(CheckSplits(o.maps, o.splits));
+  if (o.tokens.empty() || o.exact_tail_tokens < 1 || o.chunk < 1) {
+    return absl::InvalidArgumentError(
+        "need input tokens, --exact_tail_tokens >= 1 and --chunk >= 1");
+  }
+  SequenceRunner runner(model, static_cast<int32_t>(o.tokens.size()));
+  std::vector<float> logits;
+  RS_RETURN_IF_ERROR(runner.Append(o.tokens, o.chunk, /*all_logits=*/false, logits));
+  const std::vector<float> exact = LogSoftmax(logits);
+  Json splits = Json::array();
+  for (int32_t split : o.splits) {
+    RS_ASSIGN_OR_RETURN(const RidgeFillRun fill,
+                        PlanFill(model, o.maps, o.tokens, split, o.exact_tail_tokens));
+    runner.Reset();
+    RS_RETURN_IF_ERROR(runner.Append(o.tokens, o.chunk, /*all_logits=*/false, logits, &fill));
+    const std::vector<float> filled = LogSoftmax(logits);
+    const DistributionGap gap = CompareDistributions(exact, filled);
+    splits.push_back({{"split_layer", split},
+                      {"filled_tokens", fill.filled()},
+                      {"kl", gap.kl},
+                      {"top1_agree", gap.top1_agree},
+                      {"exact_top1", Argmax(exact)},
+                      {"ridgefill_top1", Argmax(filled)}});
+    spdlog::info("next-token-kl: split {}, {} rows filled: KL {:.6f}, top-1 {}", split,
+                 fill.filled(), gap.kl, gap.top1_agree ? "agrees" : "differs");
+  }
+  return Json{{"prompt_tokens", o.tokens.size()},
+              {"exact_tail_tokens", o.exact_tail_tokens},
+              {"splits", splits}};
 }
 
 absl::StatusOr<Json> RunTtft(Model& model, const TtftOptions& o) {

@@ -1,9 +1,10 @@
 // RidgeFill evaluations for ridgeserve-eval: `ttft` (prefill time, exact vs RidgeFill),
 // `needle` (passkey retrieval from the filled region), `distant-loss` (next-token NLL of exact
-// tail tokens, overall and on the tokens that need the distant context) and `splice` (which
-// part of the filled K/V carries the NLL gap). Each compares an exact prefill with a RidgeFill
-// one of the same prompt (eval_prompts.h) and returns one JSON object; eval_pareto.h puts them
-// beside the other methods.
+// tail tokens, overall and on the tokens that need the distant context), `splice` (which
+// part of the filled K/V carries the NLL gap) and `next-token-kl` (the distribution after the
+// prompt, as the server's shadow sampling compares it). Each compares an exact prefill with a
+// RidgeFill one of the same prompt (eval_prompts.h) and returns one JSON object; eval_pareto.h puts
+// them beside the other methods.
 //
 // Threading: single-threaded; the model and the maps are used exclusively by the caller's
 // thread for the duration of a call.
@@ -61,6 +62,21 @@ struct DistantLossOptions : DistantLossSetup {
 //   "tail_only_nll"}, "distant_tokens": {"count", "exact_nll", "ridgefill_nll",
 //   "relative_increase"}}], ...}; with one split its fields are also at the top level.
 absl::StatusOr<nlohmann::json> RunDistantLoss(Model& model, const DistantLossOptions& options);
+
+struct NextTokenKlOptions {
+  std::vector<int32_t> tokens;  // the prompt
+  int32_t exact_tail_tokens = 1024;
+  int32_t chunk = 512;
+  std::vector<int32_t> splits;
+  const RidgeFillMaps* maps = nullptr;  // as TtftOptions'
+};
+
+// Offline, what the server's shadow sampling (--ridgefill_shadow_fraction) measures of one
+// RIDGEFILL request: KL(exact ‖ RidgeFill) of the next-token distributions after the prompt
+// and their top-1 agreement, per split, with the server's row plan. {"prompt_tokens",
+// "exact_tail_tokens", "splits": [{"split_layer", "filled_tokens", "kl", "top1_agree",
+// "exact_top1", "ridgefill_top1"}]}.
+absl::StatusOr<nlohmann::json> RunNextTokenKl(Model& model, const NextTokenKlOptions& options);
 
 struct SpliceOptions {
   DistantLossOptions window;  // text, prompt_tokens, exact_tail_tokens, splits, windows, ...

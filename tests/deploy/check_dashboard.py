@@ -1,6 +1,7 @@
 """The Grafana dashboard and the Prometheus rules read only what ridgeserve really exposes.
 
-Starts the real `ridgeserve` (default model, loopback), scrapes its /metrics once, and checks:
+Starts the real `ridgeserve` (default model and maps, loopback, RidgeFill shadow sampling on),
+scrapes its /metrics once the shadow series by split layer are there, and checks:
   * deploy/grafana/ridgeserve.json parses, is importable as-is (the data source is the
     `datasource` template variable, used by every panel and target), and has the panels the
     issue asks for;
@@ -15,11 +16,12 @@ import json
 import os
 import re
 import sys
+import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "server"))
 
-from rs_testlib import SOURCE_DIR, Checks, Server, expect  # noqa: E402
+from rs_testlib import MAPS, SOURCE_DIR, Checks, Server, expect  # noqa: E402
 
 import yaml  # noqa: E402
 
@@ -37,6 +39,8 @@ REQUIRED_PANELS = ["TTFT p50 / p95", "TTFT saved by RidgeFill per second",
                    "SpecKV KV entries kept / dropped", "SpecKV draft time", "SpecKV KV memory kept",
                    "Share of requests using SpecKV", "RidgeFill maps state and version",
                    "RidgeFill calibration progress and map reloads",
+                   "RidgeFill shadow KL", "RidgeFill shadow top-1 agreement",
+                   "RidgeFill shadow generated-token NLL", "RidgeFill shadows compared / dropped",
                    "tokens per second", "running / waiting", "KV cache", "Preemptions",
                    "Errors by gRPC code"]
 
@@ -80,12 +84,26 @@ def check_expr(expr, series, where, recorded=frozenset()):
             expect(label in known_labels, f"{where}: by ({label}) is on none of {sorted(names)}")
 
 
-def main():
-    checks = Checks("check_dashboard")
-    with Server(name="dashboard") as srv:
-        url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+def scrape_with_shadow_series(srv):
+    """The exposition text once the shadow series by split layer are there (sampling on, at 0
+    from the scrape after the maps are loaded)."""
+    url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+    deadline = time.monotonic() + 30
+    while True:
         with urllib.request.urlopen(url, timeout=10) as r:
             text = r.read().decode()
+        if "ridgeserve_ridgefill_shadow_samples_total{" in text:
+            return url, text
+        expect(time.monotonic() < deadline, "no shadow series by split layer after 30 s")
+        time.sleep(0.2)
+
+
+def main():
+    checks = Checks("check_dashboard")
+    expect(os.path.exists(MAPS), f"RidgeFill maps {MAPS} not found (made by `make test`)")
+    with Server(f"--ridgefill_maps={MAPS}", "--ridgefill_shadow_fraction=1",
+                name="dashboard") as srv:
+        url, text = scrape_with_shadow_series(srv)
     series = parse_exposition(text)
     print(f"scraped {len(series)} series names from {url}")
     with open(DASHBOARD, encoding="utf-8") as f:

@@ -409,6 +409,40 @@ TEST(SamplerTest, LargeVocabTopKStaysInTopK) {
   for (int i = 0; i < 50; ++i) EXPECT_GE(logits[sampler.Sample(logits, {}).token], kth);
 }
 
+// CompareDistributions against distributions whose KL is known in closed form.
+std::vector<float> LogOf(const std::vector<double>& p) {
+  std::vector<float> out;
+  for (double x : p) out.push_back(static_cast<float>(std::log(x)));
+  return out;
+}
+
+TEST(CompareDistributionsTest, KlOfTwoPointDistributions) {
+  // KL((0.5, 0.5) ‖ (0.9, 0.1)) = 0.5 ln(0.5 / 0.9) + 0.5 ln(0.5 / 0.1).
+  const DistributionGap c = CompareDistributions(LogOf({0.5, 0.5}), LogOf({0.9, 0.1}));
+  EXPECT_NEAR(c.kl, 0.5 * std::log(0.5 / 0.9) + 0.5 * std::log(5.0), 1e-6);
+  EXPECT_NEAR(c.kl, 0.5108256, 1e-6);
+  EXPECT_TRUE(c.top1_agree);  // a tie: both pick the lower id
+  // The other direction differs: KL is not symmetric.
+  EXPECT_NEAR(CompareDistributions(LogOf({0.9, 0.1}), LogOf({0.5, 0.5})).kl,
+              0.9 * std::log(1.8) + 0.1 * std::log(0.2), 1e-6);
+}
+
+TEST(CompareDistributionsTest, EqualDistributionsHaveNoDivergence) {
+  const std::vector<float> p = LogOf({0.7, 0.2, 0.1});
+  const DistributionGap c = CompareDistributions(p, p);
+  EXPECT_EQ(c.kl, 0.0);
+  EXPECT_TRUE(c.top1_agree);
+}
+
+TEST(CompareDistributionsTest, TopOneDisagreementAndZeroMass) {
+  // Exact puts no mass on token 2 (log 0 = -inf): that term is 0, not NaN.
+  std::vector<float> exact = LogOf({0.6, 0.4, 1.0});
+  exact[2] = -INFINITY;
+  const DistributionGap c = CompareDistributions(exact, LogOf({0.3, 0.5, 0.2}));
+  EXPECT_NEAR(c.kl, 0.6 * std::log(2.0) + 0.4 * std::log(0.8), 1e-6);
+  EXPECT_FALSE(c.top1_agree);
+}
+
 TEST(SamplerTest, IsStop) {
   SamplingParams params;
   params.stop_token_ids = {7, 9};

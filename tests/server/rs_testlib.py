@@ -37,6 +37,7 @@ MODEL = os.environ.get(
 MAPS = os.environ.get("RIDGESERVE_DEFAULT_MAPS", os.path.splitext(MODEL)[0] + ".rfmap")
 SERVER_BIN = os.path.join(BIN_DIR, "ridgeserve")
 CLI_BIN = os.path.join(BIN_DIR, "ridgeserve-cli")
+EVAL_BIN = os.path.join(BIN_DIR, "ridgeserve-eval")
 VERBOSE = os.environ.get("RIDGESERVE_TEST_VERBOSE") == "1"
 
 sys.path.insert(0, os.path.join(SOURCE_DIR, "tests", "reference"))

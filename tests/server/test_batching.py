@@ -21,11 +21,10 @@ import subprocess
 import threading
 import time
 
-from rs_testlib import (BIN_DIR, MODEL, SC, Checks, FinishReason, Server, consume_stream, expect,
+from rs_testlib import (EVAL_BIN, MODEL, SC, Checks, FinishReason, Server, consume_stream, expect,
                         expect_eq, finish_name, greedy_request, in_threads, license_text,
                         run_unary)
 
-EVAL_BIN = os.path.join(BIN_DIR, "ridgeserve-eval")
 
 
 def build_requests(server, text):

@@ -11,12 +11,14 @@ Checks, each against Prometheus' HTTP API after a scrape that saw the test's las
   * RidgeFill phase (exact_tail_tokens 16 on a few hundred tokens): the same by
     prefill_mode="ridgefill"; ridgeserve_ridgefill_ttft_saved_seconds _count equals the
     RidgeFill requests and _sum > 0; filled tokens equal the responses' usage.filled_prompt_tokens;
+    every RidgeFill request is shadowed (--ridgefill_shadow_fraction=1) and its shadow is
+    compared or counted as dropped;
   * concurrent mixed good and bad calls (INVALID_ARGUMENT, OUT_OF_RANGE, FAILED_PRECONDITION,
     a stop string, a stream cancelled by the client): every counter equals the outcomes the
     client saw (errors by code, requests by finish reason and mode, TTFT counts);
   * engine gauges (running seen > 0 under load, 0 when idle; KV usage and preemptions equal
-    GetModelInfo's stats), build info labels, recording rules per prefill mode, and every
-    Grafana panel query returns data;
+    GetModelInfo's stats), build info labels, recording rules per prefill mode and per split
+    layer (shadow quality), and every Grafana panel query returns data;
   * `promtool check metrics` is clean on the /metrics text.
 
 Environment: PROMETHEUS_BIN, PROMTOOL_BIN (default: on PATH); the maps are rs_testlib.MAPS
@@ -174,7 +176,8 @@ def main():
     expect(os.path.exists(MAPS), f"RidgeFill maps {MAPS} not found (made by `make test`, or "
            "ridgeserve-calibrate; set RIDGESERVE_DEFAULT_MAPS)")
     text = license_text()
-    with Server(f"--ridgefill_maps={MAPS}", "--max_batch_tokens=512", name="metrics") as srv:
+    with Server(f"--ridgefill_maps={MAPS}", "--max_batch_tokens=512",
+                "--ridgefill_shadow_fraction=1", name="metrics") as srv:
         info = srv.info()
         expect(len(info.ridgefill_split_layers) > 0,
                f"the server loaded no RidgeFill maps from {MAPS}")
@@ -254,6 +257,13 @@ def run_checks(checks, srv, prom, text):
         expect_eq(prom.value("ridgeserve_ridgefill_filled_tokens_total"), filled, "filled tokens")
         expect(prom.value("ridgeserve_ridgefill_skipped_layer_tokens_total") >= filled,
                "skipped layer-tokens below filled rows")
+        # Every one is sampled (--ridgefill_shadow_fraction=1): compared with its exact shadow,
+        # or dropped when the next request displaced it; the last one runs on an idle server.
+        prom.wait_for("sum(ridgeserve_ridgefill_shadow_samples_total)"
+                      " + sum(ridgeserve_ridgefill_shadow_dropped_total)", n, timeout_s=120)
+        compared = prom.value("sum(ridgeserve_ridgefill_shadow_samples_total)")
+        expect(compared >= 1, "no RIDGEFILL request was compared with its shadow")
+        print(f"shadows: {compared:.0f} of {n} compared")
 
     def mixed_concurrent():
         # The stop string: a word of the greedy continuation of short[0].
@@ -358,10 +368,46 @@ def run_checks(checks, srv, prom, text):
         expect(re.fullmatch(r"\d+\.\d+\.\d+", got["version"]), f"build_info version {got}")
         expect_eq(labels[0][1], 1.0, "build_info value")
 
+    def shadow_rules_match_totals():
+        # Every split's shadow series was scraped at 0 before its first comparison, so the
+        # recording rules' 1 h rates count every comparison: their ratios equal the totals'.
+        totals = {}
+        for name in ("kl_sum", "kl_count", "samples_total", "top1_agreement_total"):
+            for labels, v in prom.query(f"ridgeserve_ridgefill_shadow_{name}"):
+                totals.setdefault(labels["split_layer"], {})[name] = v
+        want = {}
+        for split, t in totals.items():
+            if t["samples_total"] > 0:
+                expect_eq(t["kl_count"], t["samples_total"], f"KL observations at split {split}")
+                want[split] = (t["kl_sum"] / t["kl_count"],
+                               t["top1_agreement_total"] / t["samples_total"], t["samples_total"])
+        expect(want, f"no split layer was compared: {totals}")
+        rules = ("job_split_layer:ridgeserve_ridgefill_shadow_kl:mean1h",
+                 "job_split_layer:ridgeserve_ridgefill_shadow_top1_agreement:ratio1h",
+                 "job_split_layer:ridgeserve_ridgefill_shadow_samples:increase1h")
+        deadline = time.monotonic() + 30
+        while True:
+            got = {}
+            for i, rule in enumerate(rules):
+                for labels, v in prom.query(rule):
+                    got.setdefault(labels["split_layer"], [None] * len(rules))[i] = v
+            # increase() extrapolates to the evaluation time: up to a scrape interval more.
+            close = all(split in got and None not in got[split]
+                        and abs(got[split][0] - want[split][0]) <= 1e-9
+                        and abs(got[split][1] - want[split][1]) <= 1e-9
+                        and want[split][2] <= got[split][2] <= 1.1 * want[split][2]
+                        for split in want)
+            if close:
+                break
+            expect(time.monotonic() < deadline, f"shadow rules {got}, totals give {want}")
+            time.sleep(0.25)
+        print(f"shadow rules by split (mean KL, top-1, compared): {want}")
+
     def rules_and_dashboard():
         for mode in ("exact", "ridgefill"):
             prom.wait_for(f'count(job_prefill_mode:ridgeserve_time_to_first_token_seconds:p50_5m'
                           f'{{prefill_mode="{mode}"}} > 0)', 1)
+        shadow_rules_match_totals()
         with open(DASHBOARD, encoding="utf-8") as f:
             dash = json.load(f)
         n = 0

@@ -7,22 +7,28 @@ Checks:
     the RIDGEFILL request against that of an exact request for the same prompt, both greedy);
     the RidgeFill-side NLL equals -sum of the logprobs the responses carried; exact requests and
     RIDGEFILL requests with nothing filled are not sampled; nothing is dropped on an idle server;
+  * each of those requests' KL (what its split's KL sum grew by) equals what the offline
+    `ridgeserve-eval next-token-kl` gives for its prompt and split, within KL_AGREEMENT, and
+    the offline top-1 agreement is the API's;
   * under load (--max_running_requests 2, six requests at once) real requests keep the tokens
     they give alone, and every sampled request is either compared or counted as dropped, some
     dropped;
   * a fraction outside [0, 1] stops the server with a line naming the flag.
 """
 
+import json
 import math
 import subprocess
 import time
 
-from rs_testlib import (MAPS, MODEL, SERVER_BIN, Checks, Server, expect, expect_eq,
+from rs_testlib import (EVAL_BIN, MAPS, MODEL, SERVER_BIN, Checks, Server, expect, expect_eq,
                         greedy_request, in_threads, license_text, run_ok, scrape_metrics)
 
 NEW_TOKENS = 8
 TAIL = 32
 SPLITS = (16, 20)
+# Shadow KL vs ridgeserve-eval's on the same prompt: relative difference allowed.
+KL_AGREEMENT = 1e-3
 
 
 def ridgefill_request(token_ids, split, tail=TAIL):
@@ -52,9 +58,10 @@ def dropped(m):
     return sum(shadow(m, "dropped_total", f'reason="{r}"') for r in ("queue", "displaced"))
 
 
-def check_sequential(srv, prompts, solo):
+def check_sequential(srv, prompts, solo, measured):
     agree = {s: 0 for s in SPLITS}
     nll = {s: 0.0 for s in SPLITS}
+    kl_sum = {s: 0.0 for s in SPLITS}
     for i, p in enumerate(prompts):
         split = SPLITS[i % len(SPLITS)]
         rf = run_ok(srv.stub, ridgefill_request(p, split))
@@ -64,8 +71,13 @@ def check_sequential(srv, prompts, solo):
         agree[split] += rf.token_ids[0] == exact.token_ids[0]
         nll[split] -= sum(rf.logprobs)
         want = i + 1
-        wait_for_samples(srv, lambda m: sum(shadow(m, "samples_total", f'split_layer="{s}"')
-                                            for s in SPLITS) >= want)
+        m = wait_for_samples(srv, lambda m: sum(shadow(m, "samples_total", f'split_layer="{s}"')
+                                                for s in SPLITS) >= want)
+        # This request's KL: what the split's sum grew by.
+        now = shadow(m, "kl_sum", f'split_layer="{split}"')
+        measured.append({"prompt": i, "split": split, "kl": now - kl_sum[split],
+                         "top1_agree": rf.token_ids[0] == exact.token_ids[0]})
+        kl_sum[split] = now
     # Not sampled: an exact request and a RIDGEFILL request with nothing to fill.
     run_ok(srv.stub, greedy_request(token_ids=prompts[0], max_new_tokens=2))
     run_ok(srv.stub, ridgefill_request(prompts[0], SPLITS[0], tail=len(prompts[0])))
@@ -91,6 +103,29 @@ def check_sequential(srv, prompts, solo):
               f"{kl / samples:.4f} nats, NLL/token RidgeFill {got / (samples * NEW_TOKENS):.3f} "
               f"exact {exact_nll / (samples * NEW_TOKENS):.3f}", flush=True)
     expect_eq(dropped(m), 0, "dropped on an idle server")
+
+
+def check_offline_kl(prompts, measured):
+    """Each served request's shadow KL against `ridgeserve-eval next-token-kl` on its prompt:
+    the offline runner (SequenceRunner, no engine, no scheduler) with the same row plan."""
+    worst = 0.0
+    for row in measured:
+        out = subprocess.run(
+            [EVAL_BIN, "next-token-kl", f"--model={MODEL}", f"--maps={MAPS}",
+             "--token_ids=" + ",".join(map(str, prompts[row["prompt"]])),
+             f"--split_layer={row['split']}", f"--exact_tail_tokens={TAIL}", "--chunk=2048"],
+            capture_output=True, text=True, timeout=300)
+        expect(out.returncode == 0, f"ridgeserve-eval next-token-kl failed: {out.stderr[-800:]}")
+        offline = json.loads(out.stdout)["splits"][0]
+        diff = abs(offline["kl"] - row["kl"])
+        worst = max(worst, diff / offline["kl"])
+        print(f"prompt {row['prompt']} split {row['split']}: served {row['kl']:.6f}, offline "
+              f"{offline['kl']:.6f} nats", flush=True)
+        expect(diff <= KL_AGREEMENT * offline["kl"],
+               f"prompt {row['prompt']} split {row['split']}: shadow KL {row['kl']} vs "
+               f"ridgeserve-eval {offline['kl']}")
+        expect_eq(offline["top1_agree"], row["top1_agree"], f"prompt {row['prompt']} top-1")
+    print(f"largest relative difference {worst:.2e}", flush=True)
 
 
 def check_under_load(prompts, solo):
@@ -124,12 +159,14 @@ def check_bad_fraction():
 def main():
     checks = Checks("ridgefill_shadow")
     solo = {}
+    measured = []
     with Server("--ridgefill_maps", MAPS, "--ridgefill_shadow_fraction=1",
                 "--enable_prefix_caching=false", name="shadow") as srv:
         ids = srv.tokenize(license_text(60000), add_special_tokens=True)
         prompts = [ids[1000 * k + 500:1000 * k + 1300] for k in range(6)]
         checks.run("every sampled request compared; top-1 agreement as the API's", check_sequential,
-                   srv, prompts, solo)
+                   srv, prompts, solo, measured)
+    checks.run("shadow KL equals ridgeserve-eval's offline KL", check_offline_kl, prompts, measured)
     checks.run("under load: real requests unchanged, shadows compared or dropped",
                check_under_load, prompts, solo)
     checks.run("a fraction outside [0, 1] is refused", check_bad_fraction)

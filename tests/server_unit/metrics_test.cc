@@ -148,6 +148,45 @@ TEST(ServerMetricsTest, ShadowComparisonsBySplitLayer) {
   EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_dropped_total{reason="queue"})"), 0);
 }
 
+// With sampling on, a split's series are scraped at 0 before its first comparison, so that
+// rate() over them counts that comparison; splits of maps loaded later join them.
+TEST(ServerMetricsTest, ShadowSeriesOfLoadedSplitsStartAtZero) {
+  ServerMetrics metrics(Idle, Info());
+  RidgeFillMapsSnapshot maps;
+  maps.state = RidgeFillMapsState::kLoaded;
+  maps.split_layers = {16, 20};
+  metrics.SetRidgeFillMaps([&maps] { return maps; });
+  const std::string samples16 = R"(ridgeserve_ridgefill_shadow_samples_total{split_layer="16"})";
+  metrics.Render();
+  EXPECT_EQ(Value(metrics.Render(), samples16), -1);  // sampling off: no series by split
+  metrics.ExportShadowSeriesBySplit();
+  metrics.Render();  // the scrape that sees the maps adds the series, the next one has them
+  std::string t = metrics.Render();
+  for (const char* split : {"16", "20"}) {
+    const std::string l = absl::StrCat(R"({split_layer=")", split, R"("})");
+    EXPECT_EQ(Value(t, "ridgeserve_ridgefill_shadow_samples_total" + l), 0) << split;
+    EXPECT_EQ(Value(t, "ridgeserve_ridgefill_shadow_top1_agreement_total" + l), 0) << split;
+    EXPECT_EQ(Value(t, "ridgeserve_ridgefill_shadow_kl_count" + l), 0) << split;
+    EXPECT_EQ(Value(t, "ridgeserve_ridgefill_shadow_generated_tokens_total" + l), 0) << split;
+    for (const char* prefill : {"ridgefill", "exact"}) {
+      EXPECT_EQ(
+          Value(t, absl::StrCat(R"(ridgeserve_ridgefill_shadow_generated_nll_total{prefill=")",
+                                prefill, R"(",split_layer=")", split, R"("})")),
+          0)
+          << split << " " << prefill;
+    }
+  }
+  maps.split_layers = {18};  // a reload with other splits
+  metrics.Render();
+  ShadowComparison c;
+  c.split_layer = 18;
+  c.kl = 0.1;
+  metrics.RecordShadow(c);
+  t = metrics.Render();
+  EXPECT_EQ(Value(t, R"(ridgeserve_ridgefill_shadow_samples_total{split_layer="18"})"), 1);
+  EXPECT_EQ(Value(t, samples16), 0);
+}
+
 TEST(ServerMetricsTest, RidgeFillRequestCountsFilledRowsAndSavedSeconds) {
   ServerMetrics metrics(Idle, Info());
   RequestMetrics request(metrics, EngineRequest{});
