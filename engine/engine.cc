@@ -763,6 +763,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
   if (options.scheduler.max_batch_tokens < 1) {
     return absl::InvalidArgumentError("max_batch_tokens must be positive");
   }
+  if (options.scheduler.max_background_step_tokens < 1) {
+    return absl::InvalidArgumentError("max_background_step_tokens must be positive");
+  }
   const ModelConfig& c = model.config;
   const int32_t block_size = options.scheduler.block_size;
   const int32_t num_blocks = static_cast<int32_t>(

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What RidgeFill shadow sampling costs the requests being served (a benchmark, not a test).
 
-    scripts/bench_shadow.py [--fractions 0,0.05,1] [--rounds 2] [--rate 0.25] [--json out.json]
+    scripts/bench_shadow.py [--fractions 0,0.05,1] [--rounds 2] [--rate 0.25]
+                            [--shadow_step_tokens 256] [--json out.json]
 
 For each round and each --ridgefill_shadow_fraction F (the order reversed every other round,
 so drift hits every F alike) starts the real ridgeserve (default model and maps, build/bin) and
@@ -27,6 +28,7 @@ from rs_testlib import BIN_DIR, MAPS, Server, license_text, scrape_metrics  # no
 
 def arm(args, fraction, text_path, out_dir, tag):
     with Server(f"--ridgefill_maps={MAPS}", f"--ridgefill_shadow_fraction={fraction}",
+                f"--ridgefill_shadow_step_tokens={args.shadow_step_tokens}",
                 f"--threads={args.threads}", name=f"bench_shadow_{tag}") as srv:
         out = os.path.join(out_dir, f"{tag}.json")
         cmd = [os.path.join(BIN_DIR, "ridgeserve-loadtest"), "--target", srv.target,
@@ -68,6 +70,8 @@ def main():
     ap.add_argument("--exact_tail_tokens", type=int, default=128)
     ap.add_argument("--output_tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--shadow_step_tokens", type=int, default=256,
+                    help="the server's --ridgefill_shadow_step_tokens")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
@@ -89,7 +93,8 @@ def main():
     base = {row["round"]: row for row in rows if row["fraction"] == 0}
     print(f"{args.num_requests} RIDGEFILL requests per arm, {args.prompt_tokens}-token prompts, "
           f"tail {args.exact_tail_tokens}, {args.output_tokens} output tokens, Poisson "
-          f"{args.rate}/s, {args.rounds} rounds\n")
+          f"{args.rate}/s, {args.rounds} rounds, --ridgefill_shadow_step_tokens "
+          f"{args.shadow_step_tokens}\n")
     print("| F | TTFT mean | TTFT p50 | TTFT p95 | E2E mean | TTFT mean / F=0 | E2E mean / F=0 "
           "| shadows compared | dropped (queue, displaced) |")
     print("|---|---|---|---|---|---|---|---|---|")

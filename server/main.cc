@@ -61,6 +61,9 @@ ABSL_FLAG(int32_t, ridgefill_min_prompt_tokens, 0,
 ABSL_FLAG(double, ridgefill_max_leverage, 0,
           "RidgeFill: filled rows whose split-layer state has a leverage above this under the "
           "calibration Gram run exactly (0: off; see README)");
+ABSL_FLAG(int32_t, ridgefill_shadow_step_tokens, 256,
+          "rows of one engine step that shadows may take: a request arriving while a shadow "
+          "runs waits for that step");
 ABSL_FLAG(double, ridgefill_shadow_fraction, 0,
           "RidgeFill: fraction of RIDGEFILL requests whose exact prefill also runs, on idle "
           "capacity only, to measure what RidgeFill costs (ridgeserve_ridgefill_shadow_* "
@@ -174,6 +177,8 @@ absl::Status CheckFlags() {
        {std::pair{"max_batch_tokens", absl::GetFlag(FLAGS_max_batch_tokens)},
         std::pair{"max_running_requests", absl::GetFlag(FLAGS_max_running_requests)},
         std::pair{"max_queued_requests", absl::GetFlag(FLAGS_max_queued_requests)},
+        std::pair{"ridgefill_shadow_step_tokens",
+                  absl::GetFlag(FLAGS_ridgefill_shadow_step_tokens)},
         std::pair{"kv_cache_tokens", absl::GetFlag(FLAGS_kv_cache_tokens)},
         std::pair{"draft_kv_cache_tokens", absl::GetFlag(FLAGS_draft_kv_cache_tokens)}}) {
     if (value < 1) {
@@ -405,6 +410,8 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   engine_options.ridgefill_sink_tokens = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
   engine_options.ridgefill_min_prompt_tokens = absl::GetFlag(FLAGS_ridgefill_min_prompt_tokens);
   engine_options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  engine_options.scheduler.max_background_step_tokens =
+      absl::GetFlag(FLAGS_ridgefill_shadow_step_tokens);
   engine_options.scheduler.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   engine_options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   engine_options.kv_cache_tokens = absl::GetFlag(FLAGS_kv_cache_tokens);

@@ -44,7 +44,8 @@ struct Scheduler::Impl {
   };
 
   Impl(const SchedulerConfig& c, BlockPool& p) : config(c), pool(p) {
-    assert(config.block_size > 0 && config.max_batch_tokens > 0);
+    assert(config.block_size > 0 && config.max_batch_tokens > 0 &&
+           config.max_background_step_tokens > 0);
   }
 
   int32_t BlocksFor(int32_t tokens) const {
@@ -279,9 +280,10 @@ struct Scheduler::Impl {
       for (Entry* e : background) Preempt(e, plan, budget);
       AdmitWaiting(/*background=*/false, plan, budget);
     } else {
-      // What is left goes to the background requests.
-      PlanRunning(/*background=*/true, plan, budget);
-      AdmitWaiting(/*background=*/true, plan, budget);
+      // What is left goes to the background requests, up to their own cap.
+      int32_t background_budget = std::min(budget, config.max_background_step_tokens);
+      PlanRunning(/*background=*/true, plan, background_budget);
+      AdmitWaiting(/*background=*/true, plan, background_budget);
     }
     return plan;
   }

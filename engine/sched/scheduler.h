@@ -24,7 +24,8 @@
 //   blocks the others leave, and are dropped, never preempted: when another request is still
 //   waiting at the end of a plan, or needs a background request's blocks, every background
 //   request is removed (StepPlan::dropped) and its blocks freed. Another request is thus
-//   never delayed by more than the step in which a background one was planned.
+//   never delayed by more than the step in which a background one was planned, and that
+//   step holds at most max_background_step_tokens background rows.
 // - Prefix caching: full blocks are identified by a hash of (parent hash, block tokens); a
 //   new or resumed request reuses cached blocks of its longest cached full-block prefix
 //   (never the block holding its last prompt token, so at least one token is computed and
@@ -51,6 +52,9 @@ class BlockPool;
 
 struct SchedulerConfig {
   int32_t max_batch_tokens = 2048;  // rows per forward step
+  // Of those, at most this many for background requests: a request arriving while one runs
+  // waits for that step, so the step stays short (its prefill goes in chunks this size).
+  int32_t max_background_step_tokens = 256;
   int32_t max_running_requests = 64;
   int32_t max_queued_requests = 256;  // waiting requests beyond this: ResourceExhausted
   int32_t block_size = 16;

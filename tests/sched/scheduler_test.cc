@@ -477,6 +477,26 @@ TEST(SchedulerTest, BackgroundRunsOnWhatOthersLeave) {
   EXPECT_EQ(h.done().at(2), Reference(Tokens(40, 2), 44, false));
 }
 
+// On an idle engine a background prefill still goes in chunks of max_background_step_tokens,
+// so a request that arrives waits for at most one short step; that request's own prefill
+// takes the whole budget, and the background request keeps its cap on what is left.
+TEST(SchedulerTest, BackgroundStepsHoldAtMostTheirCap) {
+  SchedulerConfig c = Config(256);
+  c.max_background_step_tokens = 48;
+  Harness h(c, 64);
+  ASSERT_TRUE(h.Add(1, Tokens(120, 1), 2, 0, 0, {}, /*background=*/true).ok());
+  EXPECT_EQ(CountOf(h.Step(), 1), 48);
+  EXPECT_EQ(CountOf(h.Step(), 1), 48);
+  ASSERT_TRUE(h.Add(2, Tokens(200, 2), 2).ok());
+  StepPlan p = h.Step();
+  EXPECT_EQ(CountOf(p, 2), 200);
+  EXPECT_EQ(CountOf(p, 1), 24);  // the rest of its prompt: under the cap and what is left
+  h.RunToCompletion();
+  EXPECT_TRUE(h.dropped().empty());
+  EXPECT_EQ(h.done().at(1), Reference(Tokens(120, 1), 122, false));
+  EXPECT_EQ(h.done().at(2), Reference(Tokens(200, 2), 202, false));
+}
+
 // A request waiting for a running slot drops the background request holding it, and is
 // admitted in the same step.
 TEST(SchedulerTest, BackgroundDroppedWhenAnotherWaitsForASlot) {
