@@ -29,7 +29,7 @@ from rs_testlib import BIN_DIR, MAPS, Server, license_text, scrape_metrics  # no
 def arm(args, fraction, text_path, out_dir, tag):
     with Server(f"--ridgefill_maps={MAPS}", f"--ridgefill_shadow_fraction={fraction}",
                 f"--ridgefill_shadow_step_tokens={args.shadow_step_tokens}",
-                f"--threads={args.threads}", name=f"bench_shadow_{tag}") as srv:
+                threads=args.threads, name=f"bench_shadow_{tag}") as srv:
         out = os.path.join(out_dir, f"{tag}.json")
         cmd = [os.path.join(BIN_DIR, "ridgeserve-loadtest"), "--target", srv.target,
                "--text", text_path, "--prompt_tokens", f"fixed:{args.prompt_tokens}",
