@@ -66,8 +66,8 @@ SAN_CMAKE := -G Ninja -DRIDGESERVE_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
 ASAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
   -fno-omit-frame-pointer
 TSAN_FLAGS := -fsanitize=thread -fno-omit-frame-pointer
-# Every gtest binary but the AVX-512-off copy of kernels_test (this CPU has no AVX-512, so it
-# runs the same code), the CUDA ones and server_metrics_test (it links all of rs_server, the
+# Every gtest binary but the AVX-512-off copy of kernels_test (kernels_test already runs every
+# Linear path this CPU has; the copy only recompiles the compile-time SIMD width), the CUDA ones and server_metrics_test (it links all of rs_server, the
 # gRPC reactors, for metrics.cc), plus the tools the tiny-model checks run.
 ASAN_TARGETS := formats_tensor_dump gguf_reader_test safetensors_reader_test tokenizer_test \
   kernels_test cuda_attention_plan_test sampler_test kv_test sched_test forward_test \

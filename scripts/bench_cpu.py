@@ -2,7 +2,8 @@
 """Side-by-side CPU benchmark: this checkout against an older commit, in one run, on the
 default model, with the same threads (a benchmark, not a test).
 
-    scripts/bench_cpu.py [--base REV] [--threads 2] [--json out.json]
+    scripts/bench_cpu.py [--base REV] [--threads 2] [--isas avx2,avx512] [--head_build DIR]
+                         [--json out.json]
 
 Builds REV (default: a4038c3, the last commit with OpenBLAS in the forward pass) in a git
 worktree under build-bench/ (git-ignored), and this checkout's tools in build-bench/head, then
@@ -12,6 +13,10 @@ this checkout also decode at 1 and 16 streams (bench-decode, int8 and f32 activa
 resident weight bytes it logs, memory read bandwidth and peak FMA throughput (bench_kernels).
 Prints a Markdown table and the decode bandwidth bound: weight bytes read per token divided by
 the measured bandwidth. Set OPENBLAS_CORETYPE to force the base build's OpenBLAS kernel.
+
+--isas avx2,avx512 measures this checkout once per CPU kernel path (RIDGESERVE_CPU_ISA), in the
+same alternation, so a new path is compared with the one it replaces on the same machine; the
+ratio column is the last path against the base.
 """
 
 import argparse
@@ -65,6 +70,12 @@ def measure(bin_dir, threads, env):
     return out
 
 
+def isa_env(env, isa):
+    if isa is None:
+        return env
+    return {**env, "RIDGESERVE_CPU_ISA": isa}
+
+
 def kernel_peaks(bin_dir, env):
     proc = run([os.path.join(bin_dir, "bench_kernels"), "--benchmark_filter=MemoryRead/2|PeakFma/2",
                 "--benchmark_format=json"], env=env)
@@ -81,6 +92,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", default="a4038c3")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--isas", help="comma-separated RIDGESERVE_CPU_ISA values for this checkout")
+    ap.add_argument("--head_build", help="build directory for this checkout (default "
+                    "build-bench/head; `build` reuses the README's build)")
     ap.add_argument("--json")
     args = ap.parse_args()
     if not os.path.exists(MODEL):
@@ -93,50 +107,64 @@ def main():
     else:
         run(["git", "checkout", "--detach", args.base], cwd=base_src)
     base_bin = build(base_src, os.path.join(bench, "base"), ["ridgeserve-eval"])
-    head_bin = build(ROOT, os.path.join(bench, "head"), ["ridgeserve-eval", "bench_kernels"])
+    head_bin = build(ROOT, args.head_build or os.path.join(bench, "head"),
+                     ["ridgeserve-eval", "bench_kernels"])
 
-    results = {"base": {"rev": args.base}, "head": {}}
-    # Alternate the two builds so that drift on a shared machine hits both.
+    # (name, binaries, RIDGESERVE_CPU_ISA or None for the build's default)
+    isas = args.isas.split(",") if args.isas else [None]
+    runs = [("base", base_bin, None)] + [(f"head {i}" if i else "head", head_bin, i) for i in isas]
+    results = {name: {} for name, _, _ in runs}
+    # Alternate the builds so that drift on a shared machine hits each.
     for _ in range(2):
-        for name, bin_dir in (("base", base_bin), ("head", head_bin)):
-            r = measure(bin_dir, args.threads, env)
+        for name, bin_dir, isa in runs:
+            r = measure(bin_dir, args.threads, isa_env(env, isa))
             for k, v in r.items():
                 best = results[name].get(k)
                 if best is None or (v < best if k.endswith("bytes") else v > best):
                     results[name][k] = v
-    head = results["head"]
-    for act in ("int8", "f32"):
-        dec, _, _ = eval_json(head_bin, ["bench-decode", "--streams", "1,16", "--threads",
-                                         str(args.threads), "--cpu_activations", act], env)
-        for r in dec["results"]:
-            head[f"decode_{act}_{r['streams']}_streams_tokens_per_s"] = r["tokens_per_second"]
+    last = runs[-1][0]
+    for name, _, isa in runs[1:]:
+        for act in ("int8", "f32"):
+            dec, _, _ = eval_json(head_bin, ["bench-decode", "--streams", "1,16", "--threads",
+                                             str(args.threads), "--cpu_activations", act],
+                                  isa_env(env, isa))
+            for r in dec["results"]:
+                results[name][f"decode_{act}_{r['streams']}_streams_tokens_per_s"] = \
+                    r["tokens_per_second"]
+    head = results[last]
     head.update(kernel_peaks(head_bin, env))
+    results["base"]["rev"] = args.base
 
     def row(label, key, fmt="{:.1f}", scale=1.0):
-        b, h = results["base"].get(key), head.get(key)
         cell = lambda v: "—" if v is None else fmt.format(v * scale)
+        b, h = results["base"].get(key), head.get(key)
         ratio = f"{h / b:.2f}x" if b and h else ""
-        print(f"| {label} | {cell(b)} | {cell(h)} | {ratio} |")
+        cells = " | ".join(cell(results[name].get(key)) for name, _, _ in runs)
+        print(f"| {label} | {cells} | {ratio} |")
 
-    print(f"| {args.threads} threads | {args.base} | this checkout | ratio |")
-    print("|---|---|---|---|")
+    print(f"| {args.threads} threads | {args.base} | "
+          + " | ".join(name for name, _, _ in runs[1:]) + f" | {last} / base |")
+    print("|---" * (len(runs) + 2) + "|")
     row("decode, 1 stream (tokens/s)", "decode_tokens_per_s")
     row("prefill 512 (tokens/s)", "prefill_512_tokens_per_s", "{:.0f}")
     row("prefill 2048 (tokens/s)", "prefill_2048_tokens_per_s", "{:.0f}")
     row("prefill 512 (GFLOP/s)", "prefill_512_gflop_per_s")
     row("peak RSS, decode run (MB)", "peak_rss_bytes", "{:.0f}", 1e-6)
-    for act in ("int8", "f32"):
-        one = head[f"decode_{act}_1_streams_tokens_per_s"]
-        many = head[f"decode_{act}_16_streams_tokens_per_s"]
-        print(f"\n{act}: bench-decode 1 stream {one:.1f} tokens/s, 16 streams {many:.1f} "
-              f"tokens/s ({many / one:.2f}x)")
+    for name, _, _ in runs[1:]:
+        for act in ("int8", "f32"):
+            one = results[name][f"decode_{act}_1_streams_tokens_per_s"]
+            many = results[name][f"decode_{act}_16_streams_tokens_per_s"]
+            print(f"{name}, {act}: bench-decode 1 stream {one:.1f} tokens/s, 16 streams "
+                  f"{many:.1f} tokens/s ({many / one:.2f}x)")
     weights = head.get("resident_weight_bytes")
     bw = head["memory_read_bytes_per_s"]
     if weights:
         bound = bw / weights
-        one = head["decode_int8_1_streams_tokens_per_s"]
         print(f"resident weights {weights / 1e6:.1f} MB; memory read {bw / 1e9:.1f} GB/s -> "
-              f"decode bound {bound:.0f} tokens/s; int8 single stream at {100 * one / bound:.0f}%")
+              f"decode bound {bound:.0f} tokens/s; {last} single stream: " + ", ".join(
+                  f"{act} {head[f'decode_{act}_1_streams_tokens_per_s']:.1f} tokens/s "
+                  f"({100 * head[f'decode_{act}_1_streams_tokens_per_s'] / bound:.0f}%)"
+                  for act in ("f32", "int8")))
     print(f"FMA peak {head['fma_peak_flop_per_s'] / 1e9:.0f} GFLOP/s; prefill 512 at "
           f"{100 * head['prefill_512_gflop_per_s'] * 1e9 / head['fma_peak_flop_per_s']:.0f}%")
     if args.json:

@@ -16,6 +16,8 @@ std::string_view IsaName(Isa isa) {
       return "scalar";
     case Isa::kAvx2:
       return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
   }
   return "?";
 }
@@ -24,9 +26,15 @@ std::vector<Isa> AvailableIsas() {
   std::vector<Isa> out = {Isa::kScalar};
   // libgcc's checks read CPUID and XGETBV, so a feature the OS does not save counts as absent.
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c")) {
-    out.push_back(Isa::kAvx2);
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") ||
+      !__builtin_cpu_supports("f16c")) {
+    return out;
+  }
+  out.push_back(Isa::kAvx2);
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512vnni")) {
+    out.push_back(Isa::kAvx512);
   }
   return out;
 }

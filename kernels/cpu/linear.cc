@@ -19,12 +19,24 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/linear_internal.h"
 #include "kernels/cpu/simd.h"
 
 namespace ridgeserve::cpu {
 namespace {
 
-constexpr int kLanes = 8;  // the arithmetic's lane count (linear.h), whatever the vector width
+using internal::BlockRow;
+using internal::ForTiles;
+using internal::kAlignment;
+using internal::kBlock;
+using internal::kLanes;
+using internal::Layout;
+using internal::PanelBuffer;
+using internal::QuantizedX;
+using internal::ReduceAvx2;
+using internal::RoundUp;
+using internal::RowOf;
+
 // Tile: kMr rows of x by kNr rows of w: 12 accumulators, 2 x vectors and a panel vector in
 // the 16 AVX2 registers. The panel (kNr rows, 14 KiB at k = 576) stays in L1 while x streams
 // from L2, 2 vectors per 12 FMAs.
@@ -40,24 +52,6 @@ int32_t RowBlock(int64_t k) {
 // int8 weights and broadcast scales fill the registers).
 constexpr int kMrInt8 = 4;
 constexpr int kNrInt8 = 2;
-constexpr int kBlock = 32;  // weights per block of the repacked formats
-constexpr size_t kAlignment = 64;
-
-using Layout = CpuWeight::Layout;
-
-// Packed row of a 32-block layout: scales, then the integers.
-struct BlockRow {
-  const float* d;
-  const float* m;  // nullptr for kS8
-  const uint8_t* q;
-};
-
-BlockRow RowOf(const CpuWeight::Segment& s, int64_t local_row, int64_t nb) {
-  const uint8_t* p = s.data + static_cast<size_t>(local_row) * s.row_bytes;
-  const float* d = reinterpret_cast<const float*>(p);
-  if (s.layout == Layout::kS8) return {d, nullptr, reinterpret_cast<const uint8_t*>(d + nb)};
-  return {d, d + nb, reinterpret_cast<const uint8_t*>(d + 2 * nb)};
-}
 
 size_t PackedRowBytes(Layout layout, int64_t cols) {
   const size_t nb = static_cast<size_t>(cols / kBlock);
@@ -134,7 +128,7 @@ void DequantizeBlockRow(const CpuWeight::Segment& s, int64_t local_row, int64_t 
                         Isa isa) {
   const int64_t nb = cols / kBlock;
   const BlockRow row = RowOf(s, local_row, nb);
-  if (isa == Isa::kAvx2) {
+  if (isa != Isa::kScalar) {
     const __m128i low_mask = _mm_set1_epi8(0x0F);
     for (int64_t b = 0; b < nb; ++b, dst += kBlock) {
       const __m256 d = _mm256_set1_ps(row.d[b]);
@@ -173,13 +167,11 @@ void DequantizeBlockRow(const CpuWeight::Segment& s, int64_t local_row, int64_t 
   }
 }
 
-int64_t RoundUp(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
-
 // ---- f32 conversion of stored rows --------------------------------------------------------
 
 // One stored row to f32. The types were checked at packing, so conversion cannot fail.
 void DequantizeStoredRow(DType dtype, const uint8_t* src, int64_t cols, float* dst, Isa isa) {
-  if (isa == Isa::kAvx2) {
+  if (isa != Isa::kScalar) {
     if (dtype == DType::kF16) return simd::WidenF16(src, cols, dst);
     if (dtype == DType::kBF16) return simd::WidenBF16(src, cols, dst);
   }
@@ -220,14 +212,6 @@ void TileScalar(const float* x, int64_t ldx, const float* panel, int64_t kpad, i
       y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
     }
   }
-}
-
-// The same tree as ReduceLanes: lanes (i, i + 4), then (i, i + 2), then (0, 1).
-inline float ReduceAvx2(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
 }
 
 template <int MR, int NR>
@@ -290,7 +274,7 @@ constexpr std::array<std::array<TileFn, kNr>, sizeof...(M)> MakeTileTable(
 TileFn PickTile(Isa isa, int mr, int nr) {
   static constexpr auto kAvx2 = MakeTileTable<Avx2Tile>(std::make_integer_sequence<int, kMr>());
   static constexpr auto kScalar = MakeTileTable<ScalarTile>(std::make_integer_sequence<int, kMr>());
-  return isa == Isa::kAvx2 ? kAvx2[mr - 1][nr - 1] : kScalar[mr - 1][nr - 1];
+  return isa == Isa::kScalar ? kScalar[mr - 1][nr - 1] : kAvx2[mr - 1][nr - 1];
 }
 
 // ---- the int8 path ------------------------------------------------------------------------
@@ -347,14 +331,6 @@ void QuantizeRowAvx2(const float* x, int64_t k, int8_t* q, float* dx, float* sx)
   }
 }
 
-// x quantized for one call.
-struct QuantizedX {
-  const int8_t* q;
-  const float* d;
-  const float* s;
-  int64_t k, nb;
-};
-
 // The unsigned formats' m term of (row, weight row): R of accm (linear.h), scalar and AVX2.
 float MinTermScalar(const float* mw, const float* sx, int64_t nb) {
   float accm[kLanes] = {};
@@ -402,6 +378,29 @@ float MinTermAvx2(const float* mw, const float* sx, int64_t nb) {
   }
   return ReduceAvx2(accm);
 }
+
+}  // namespace
+
+namespace internal {
+
+float* PanelBuffer(int64_t floats) {
+  struct Buffer {
+    std::unique_ptr<float, decltype(&std::free)> data{nullptr, &std::free};
+    int64_t size = 0;
+  };
+  thread_local Buffer buffer;
+  if (buffer.size < floats) {
+    const size_t bytes = static_cast<size_t>(RoundUp(floats * 4, kAlignment));
+    buffer.data.reset(static_cast<float*>(std::aligned_alloc(kAlignment, bytes)));
+    if (buffer.data == nullptr) std::abort();  // a few KiB per thread
+    buffer.size = floats;
+  }
+  return buffer.data.get();
+}
+
+}  // namespace internal
+
+namespace {
 
 template <Layout L>
 inline __m256i LoadWeightBlock(const uint8_t* q, int64_t b) {
@@ -479,7 +478,7 @@ Int8TileFn PickInt8Tile(Isa isa, int mr, int nr) {
       {Int8TileScalarFor<3, 1, L>, Int8TileScalarFor<3, 2, L>},
       {Int8TileScalarFor<4, 1, L>, Int8TileScalarFor<4, 2, L>},
   };
-  return isa == Isa::kAvx2 ? kAvx2[mr - 1][nr - 1] : kScalar[mr - 1][nr - 1];
+  return isa == Isa::kScalar ? kScalar[mr - 1][nr - 1] : kAvx2[mr - 1][nr - 1];
 }
 
 Int8TileFn PickInt8Tile(Isa isa, Layout layout, int mr, int nr) {
@@ -491,34 +490,6 @@ Int8TileFn PickInt8Tile(Isa isa, Layout layout, int mr, int nr) {
     default:
       return PickInt8Tile<Layout::kS8>(isa, mr, nr);
   }
-}
-
-// Runs body(first_tile, end_tile) on each of up to num_threads threads, splitting `tiles`.
-template <typename Body>
-void ForTiles(int64_t tiles, int num_threads, const Body& body) {
-  const int threads = static_cast<int>(std::clamp<int64_t>(tiles, 1, std::max(num_threads, 1)));
-#pragma omp parallel num_threads(threads)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    body(tiles * t / nt, tiles * (t + 1) / nt);
-  }
-}
-
-// This thread's panel of at least `floats` floats, 64-byte aligned (its rows are kpad floats,
-// a multiple of 8, so every row is aligned for the tile's loads).
-float* PanelBuffer(int64_t floats) {
-  struct Buffer {
-    std::unique_ptr<float, decltype(&std::free)> data{nullptr, &std::free};
-    int64_t size = 0;
-  };
-  thread_local Buffer buffer;
-  if (buffer.size < floats) {
-    const size_t bytes = static_cast<size_t>(RoundUp(floats * 4, kAlignment));
-    buffer.data.reset(static_cast<float*>(std::aligned_alloc(kAlignment, bytes)));
-    if (buffer.data == nullptr) std::abort();  // a few KiB per thread
-    buffer.size = floats;
-  }
-  return buffer.data.get();
 }
 
 // Rows [j0, j0 + rows) of one segment (local rows), f32 path; y rows ldy apart.
@@ -678,7 +649,7 @@ void Linear(const float* x, int32_t n, const CpuWeight& w, int64_t row_begin, in
         scratch.q.resize(static_cast<size_t>(n) * k);
         scratch.d.resize(static_cast<size_t>(n) * nb);
         scratch.s.resize(static_cast<size_t>(n) * nb);
-        const auto quantize = isa == Isa::kAvx2 ? QuantizeRowAvx2 : QuantizeRowScalar;
+        const auto quantize = isa == Isa::kScalar ? QuantizeRowScalar : QuantizeRowAvx2;
 #pragma omp parallel for num_threads(std::max(1, std::min(num_threads, n)))
         for (int32_t i = 0; i < n; ++i) {
           quantize(x + static_cast<int64_t>(i) * k, k, &scratch.q[static_cast<size_t>(i) * k],
@@ -688,7 +659,13 @@ void Linear(const float* x, int32_t n, const CpuWeight& w, int64_t row_begin, in
         quantized = true;
       }
       const QuantizedX xq{scratch.q.data(), scratch.d.data(), scratch.s.data(), k, nb};
-      LinearInt8(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads, isa);
+      if (isa == Isa::kAvx512) {
+        internal::LinearInt8Avx512(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads);
+      } else {
+        LinearInt8(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads, isa);
+      }
+    } else if (isa == Isa::kAvx512) {
+      internal::LinearF32Avx512(x, n, w, r, end - r, bs, ys, rows, num_threads);
     } else {
       LinearF32(x, n, w, r, end - r, bs, ys, rows, num_threads, isa);
     }

@@ -29,9 +29,11 @@
 // default model that flips near-tied greedy choices (README, "CPU kernels"), so f32 is the
 // default and int8 is asked for.
 //
-// The AVX2 path keeps each accumulator in one 8-lane register; the scalar path is the same
-// loops written lane by lane, so the two agree bitwise (tests/kernels/linear_test.cc holds them
-// to it, and to an emulation of this text), for finite inputs.
+// The AVX2 path keeps each accumulator in one 8-lane register; the AVX-512 path
+// (linear_avx512.cc) keeps two, one weight row's in each half of a 16-lane register, and takes
+// the int8 path's p_l from VNNI's vpdpbusd; the scalar path is the same loops written lane by
+// lane. So every path agrees bitwise (tests/kernels/linear_test.cc holds them to it, and to an
+// emulation of this text), for finite inputs.
 #ifndef RIDGESERVE_KERNELS_CPU_LINEAR_H_
 #define RIDGESERVE_KERNELS_CPU_LINEAR_H_
 

@@ -1,0 +1,459 @@
+// Linear's AVX-512 path (Isa::kAvx512): the arithmetic of linear.h, bit for bit, with 16-lane
+// registers. A zmm holds the 8 lanes of one weight row in its lower half and the same 8 lanes
+// of the next row in its upper half, with x's 8 lanes broadcast to both halves; each half then
+// runs exactly the 8-lane accumulator the AVX2 and scalar paths run, and is reduced by the same
+// tree. The int8 tile uses VNNI's vpdpbusd, whose four-product lane sums are linear.h's p_l
+// (exact integers, as the AVX2 path's pairwise sums are).
+//
+// Every function here carries the AVX-512 target attribute instead of the file being compiled
+// with AVX-512 flags (linear_internal.h says why).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "kernels/cpu/linear_internal.h"
+
+#define RS_AVX512 \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
+
+namespace ridgeserve::cpu::internal {
+namespace {
+
+// GCC 12 seeds several AVX-512 intrinsics' results with _mm512_undefined_*(), which
+// -Wmaybe-uninitialized reports (GCC PR 105593); their zero-masked forms with an all-ones mask
+// are the same instructions without it.
+constexpr __mmask16 kAll16 = 0xFFFF;
+constexpr __mmask8 kAll8 = 0xFF;
+
+// f32 tile: kMr rows of x by kNp pairs of weight rows; 24 accumulators, 4 x vectors and one
+// panel vector of the 32 registers, 10 loads per 24 FMAs. The panel (12 rows, 27 KiB at
+// k = 576) stays in L1 while x streams from L2.
+constexpr int kMr = 4;
+constexpr int kNp = 6;
+constexpr int kNr = 2 * kNp;
+// Rows of x per pass over a thread's weight rows, as the AVX2 path chooses them.
+int32_t RowBlock(int64_t k) {
+  return static_cast<int32_t>(
+      std::clamp<int64_t>((512 << 10) / (4 * std::max<int64_t>(k, 1)), kMr, 1024) / kMr * kMr);
+}
+// int8 tile: 4 rows of x by 2 pairs of weight rows.
+constexpr int kMrInt8 = 4;
+constexpr int kNpInt8 = 2;
+
+RS_AVX512 inline __m512 Pair(__m256 lower, __m256 upper) {
+  return _mm512_insertf32x8(_mm512_castps256_ps512(lower), upper, 1);
+}
+RS_AVX512 inline __m512 PairOf(float lower, float upper) {
+  return Pair(_mm256_set1_ps(lower), _mm256_set1_ps(upper));
+}
+RS_AVX512 inline __m256 LowerHalf(__m512 v) { return _mm512_maskz_extractf32x8_ps(kAll8, v, 0); }
+RS_AVX512 inline __m256 UpperHalf(__m512 v) { return _mm512_maskz_extractf32x8_ps(kAll8, v, 1); }
+RS_AVX512 inline __m512 Widen(__m128i bytes, bool is_signed) {
+  return _mm512_maskz_cvtepi32_ps(kAll16, is_signed ? _mm512_maskz_cvtepi8_epi32(kAll16, bytes)
+                                                    : _mm512_maskz_cvtepu8_epi32(kAll16, bytes));
+}
+
+// ---- f32 --------------------------------------------------------------------------------
+
+// Block `block` of rows a and b of one 32-block segment as 4 pair vectors (columns 8g..8g+7
+// of a, then of b, in w[g]): the values DequantizeRow gives, fma(d, q, m) or d * q.
+template <Layout L>
+RS_AVX512 inline void ConvertPairBlock(const BlockRow& a, const BlockRow& b, int64_t block,
+                                       __m512 w[4]) {
+  const __m512 d = PairOf(a.d[block], b.d[block]);
+  __m128i chunks[4];  // 8 integers of row a, then the same 8 of row b
+  if constexpr (L == Layout::kU4) {
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.q + 16 * block));
+    const __m128i qb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.q + 16 * block));
+    const __m128i lo_a = _mm_and_si128(qa, mask), lo_b = _mm_and_si128(qb, mask);
+    const __m128i hi_a = _mm_and_si128(_mm_srli_epi16(qa, 4), mask);
+    const __m128i hi_b = _mm_and_si128(_mm_srli_epi16(qb, 4), mask);
+    chunks[0] = _mm_unpacklo_epi64(lo_a, lo_b);
+    chunks[1] = _mm_unpackhi_epi64(lo_a, lo_b);
+    chunks[2] = _mm_unpacklo_epi64(hi_a, hi_b);
+    chunks[3] = _mm_unpackhi_epi64(hi_a, hi_b);
+  } else {
+    for (int g = 0; g < 4; ++g) {
+      chunks[g] = _mm_unpacklo_epi64(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a.q + kBlock * block + 8 * g)),
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.q + kBlock * block + 8 * g)));
+    }
+  }
+  if constexpr (L == Layout::kS8) {
+    for (int g = 0; g < 4; ++g) w[g] = _mm512_mul_ps(d, Widen(chunks[g], true));
+  } else {
+    const __m512 m = PairOf(a.m[block], b.m[block]);
+    for (int g = 0; g < 4; ++g) w[g] = _mm512_fmadd_ps(d, Widen(chunks[g], false), m);
+  }
+}
+
+template <Layout L>
+RS_AVX512 void PairRowsToPanel(const BlockRow& a, const BlockRow& b, int64_t nb, float* out) {
+  for (int64_t block = 0; block < nb; ++block, out += 2 * kBlock) {
+    __m512 w[4];
+    ConvertPairBlock<L>(a, b, block, w);
+    for (int g = 0; g < 4; ++g) _mm512_store_ps(out + 16 * g, w[g]);
+  }
+}
+
+// Rows [row, row + nr) of w, all in segment s, as the f32 panel of the tile: pair p's floats
+// for columns [c, c + 8) at panel[2 * (p * kpad + c)], row 2p's in the first 8 and row
+// 2p + 1's in the next 8; zero past k and for the missing row of an odd nr. `rows` is scratch
+// for 2 * kpad floats.
+RS_AVX512 void FillPairPanel(const CpuWeight& w, const CpuWeight::Segment& s, int64_t row, int nr,
+                             int64_t kpad, float* panel, float* rows) {
+  const int64_t k = w.cols(), nb = k / kBlock;
+  for (int p = 0; p < (nr + 1) / 2; ++p) {
+    float* out = panel + 2 * p * kpad;
+    const int64_t r0 = row + 2 * p;
+    if (s.layout != Layout::kStored && 2 * p + 1 < nr) {
+      const BlockRow a = RowOf(s, r0 - s.row_begin, nb), b = RowOf(s, r0 + 1 - s.row_begin, nb);
+      switch (s.layout) {
+        case Layout::kU4:
+          PairRowsToPanel<Layout::kU4>(a, b, nb, out);
+          break;
+        case Layout::kU8:
+          PairRowsToPanel<Layout::kU8>(a, b, nb, out);
+          break;
+        default:
+          PairRowsToPanel<Layout::kS8>(a, b, nb, out);
+      }
+      continue;
+    }
+    const int have = std::min(2, nr - 2 * p);
+    DequantizeRows(w, r0, have, rows, kpad, Isa::kAvx2);
+    for (int j = 0; j < 2; ++j) {
+      std::fill(rows + j * kpad + (j < have ? k : 0), rows + (j + 1) * kpad, 0.0f);
+    }
+    for (int64_t c = 0; c < kpad; c += kLanes) {
+      _mm512_store_ps(out + 2 * c, Pair(_mm256_load_ps(rows + c), _mm256_load_ps(rows + kpad + c)));
+    }
+  }
+}
+
+// y[r * ldy + j] = R(half j % 2 of acc[r][j / 2]) (+ bias[j]) for r < MR, j < nr.
+template <int MR, int NP>
+RS_AVX512 inline void StorePairs(const __m512 (&acc)[MR][NP], const float* bias, int nr, float* y,
+                                 int64_t ldy) {
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP && 2 * p < nr; ++p) {
+      const float lower = ReduceAvx2(LowerHalf(acc[r][p]));
+      y[r * ldy + 2 * p] = bias != nullptr ? lower + bias[2 * p] : lower;
+      if (2 * p + 1 < nr) {
+        const float upper = ReduceAvx2(UpperHalf(acc[r][p]));
+        y[r * ldy + 2 * p + 1] = bias != nullptr ? upper + bias[2 * p + 1] : upper;
+      }
+    }
+  }
+}
+
+// y[r * ldy + j] for r < MR, j < nr (nr <= 2 NP) from MR rows of x (ldx apart) and the pair
+// panel of FillPairPanel.
+template <int MR, int NP>
+RS_AVX512 void Tile(const float* x, int64_t ldx, const float* panel, int64_t kpad, int64_t k,
+                    const float* bias, int nr, float* y, int64_t ldy) {
+  __m512 acc[MR][NP];
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  const int64_t full = k / kLanes * kLanes;
+  for (int64_t c = 0; c < full; c += kLanes) {
+    __m512 xv[MR];
+    for (int r = 0; r < MR; ++r) {
+      xv[r] = _mm512_maskz_broadcast_f32x8(kAll16, _mm256_loadu_ps(x + r * ldx + c));
+    }
+    for (int p = 0; p < NP; ++p) {
+      __m512 wv = _mm512_load_ps(panel + 2 * (p * kpad + c));
+      // Keep wv in a register rather than folding its load into each of the MR FMAs.
+      __asm__("" : "+v"(wv));
+      for (int r = 0; r < MR; ++r) acc[r][p] = _mm512_fmadd_ps(xv[r], wv, acc[r][p]);
+    }
+  }
+  if (full < kpad) {
+    const __mmask8 mask = static_cast<__mmask8>((1u << (k - full)) - 1);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xv =
+          _mm512_maskz_broadcast_f32x8(kAll16, _mm256_maskz_loadu_ps(mask, x + r * ldx + full));
+      for (int p = 0; p < NP; ++p) {
+        acc[r][p] = _mm512_fmadd_ps(xv, _mm512_load_ps(panel + 2 * (p * kpad + full)), acc[r][p]);
+      }
+    }
+  }
+  StorePairs<MR, NP>(acc, bias, nr, y, ldy);
+}
+
+using TileFn = void (*)(const float* x, int64_t ldx, const float* panel, int64_t kpad, int64_t k,
+                        const float* bias, int nr, float* y, int64_t ldy);
+
+template <int MR, int... P>
+constexpr std::array<TileFn, sizeof...(P)> TileRow(std::integer_sequence<int, P...>) {
+  return {&Tile<MR, P + 1>...};
+}
+template <int... M>
+constexpr std::array<std::array<TileFn, kNp>, sizeof...(M)> MakeTileTable(
+    std::integer_sequence<int, M...>) {
+  return {TileRow<M + 1>(std::make_integer_sequence<int, kNp>())...};
+}
+// kTiles[mr - 1][np - 1] = Tile<mr, np>.
+constexpr auto kTiles = MakeTileTable(std::make_integer_sequence<int, kMr>());
+
+// ---- f32, a few rows of x: weights converted in registers -------------------------------
+
+// For n <= kMr rows of x (decode) a panel costs more than it saves: each block of a pair of
+// rows is converted in registers and multiplied into every row of x at once, kNpFused pairs
+// side by side so their FMA chains overlap. The same arithmetic as Tile.
+constexpr int kNpFused = 4;
+constexpr int kNrFused = 2 * kNpFused;
+
+// xb: row r of x with each 8 columns twice, [x_c..x_c+7, x_c..x_c+7] at xb[r * 2k + 2c];
+// w[0, kNrFused): rows of one 32-block segment (w[j] for j >= nr repeats a real row).
+template <int MR, Layout L>
+RS_AVX512 void FusedTile(const float* xb, int64_t k, const BlockRow* w, const float* bias, int nr,
+                         float* y, int64_t ldy) {
+  __m512 acc[MR][kNpFused];
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < kNpFused; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    for (int p = 0; p < kNpFused; ++p) {
+      __m512 wv[4];
+      ConvertPairBlock<L>(w[2 * p], w[2 * p + 1], b, wv);
+      for (int g = 0; g < 4; ++g) {
+        for (int r = 0; r < MR; ++r) {
+          const __m512 xv = _mm512_load_ps(xb + r * 2 * k + 2 * (kBlock * b + 8 * g));
+          acc[r][p] = _mm512_fmadd_ps(xv, wv[g], acc[r][p]);
+        }
+      }
+    }
+  }
+  StorePairs<MR, kNpFused>(acc, bias, nr, y, ldy);
+}
+
+using FusedTileFn = void (*)(const float* xb, int64_t k, const BlockRow* w, const float* bias,
+                             int nr, float* y, int64_t ldy);
+
+FusedTileFn PickFusedTile(Layout layout, int mr) {
+  static constexpr FusedTileFn kTable[3][kMr] = {
+      {FusedTile<1, Layout::kU4>, FusedTile<2, Layout::kU4>, FusedTile<3, Layout::kU4>,
+       FusedTile<4, Layout::kU4>},
+      {FusedTile<1, Layout::kU8>, FusedTile<2, Layout::kU8>, FusedTile<3, Layout::kU8>,
+       FusedTile<4, Layout::kU8>},
+      {FusedTile<1, Layout::kS8>, FusedTile<2, Layout::kS8>, FusedTile<3, Layout::kS8>,
+       FusedTile<4, Layout::kS8>},
+  };
+  const int l = layout == Layout::kU4 ? 0 : layout == Layout::kU8 ? 1 : 2;
+  return kTable[l][mr - 1];
+}
+
+// x's rows with each 8 columns written twice (FusedTile's xb).
+RS_AVX512 void BroadcastRows(const float* x, int32_t n, int64_t k, float* xb) {
+  for (int64_t i = 0; i < int64_t{n} * k; i += kLanes) {
+    _mm512_store_ps(xb + 2 * i, _mm512_maskz_broadcast_f32x8(kAll16, _mm256_loadu_ps(x + i)));
+  }
+}
+
+void LinearF32Fused(const float* x, int32_t n, const CpuWeight::Segment& s, int64_t local0,
+                    int64_t k, int64_t rows, const float* bias, float* y, int64_t ldy,
+                    int num_threads) {
+  float* xb = PanelBuffer(2 * int64_t{n} * k);
+  BroadcastRows(x, n, k, xb);
+  const FusedTileFn tile_fn = PickFusedTile(s.layout, n);
+  ForTiles((rows + kNrFused - 1) / kNrFused, num_threads,
+           [&](int64_t tile_begin, int64_t tile_end) {
+             for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+               const int64_t c0 = tile * kNrFused;
+               const int nr = static_cast<int>(std::min<int64_t>(kNrFused, rows - c0));
+               BlockRow w[kNrFused];
+               for (int j = 0; j < kNrFused; ++j) {
+                 w[j] = RowOf(s, local0 + c0 + std::min(j, nr - 1), k / kBlock);
+               }
+               tile_fn(xb, k, w, bias != nullptr ? bias + c0 : nullptr, nr, y + c0, ldy);
+             }
+           });
+}
+
+// ---- int8 -------------------------------------------------------------------------------
+
+// Block b of rows a and b as one zmm: a's 32 integers, then b's.
+template <Layout L>
+RS_AVX512 inline __m512i LoadPairBlock(const uint8_t* qa, const uint8_t* qb, int64_t block) {
+  if constexpr (L == Layout::kU4) {
+    // [a | b] 16 bytes each: low nibbles are elements 0..15, high nibbles 16..31.
+    const __m256i both = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + 16 * block))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + 16 * block)), 1);
+    const __m256i mask = _mm256_set1_epi8(0x0F);
+    const __m256i lo = _mm256_and_si256(both, mask);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(both, 4), mask);
+    // 128-bit lanes [lo a, lo b, hi a, hi b] reordered to [lo a, hi a, lo b, hi b].
+    const __m512i lanes = _mm512_maskz_inserti64x4(kAll8, _mm512_castsi256_si512(lo), hi, 1);
+    return _mm512_maskz_shuffle_i64x2(kAll8, lanes, lanes, 0xD8);
+  } else {
+    return _mm512_maskz_inserti64x4(
+        kAll8,
+        _mm512_castsi256_si512(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + kBlock * block))),
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + kBlock * block)), 1);
+  }
+}
+
+// linear.h's accm for weight rows a (lower half) and b (upper half) against one row's sx:
+// accm[b mod 8] = fma(mw_b, sx_b, accm[b mod 8]), the tail's missing lanes as fma(0, 0, .) as
+// MinTermAvx2 does them.
+RS_AVX512 inline __m512 MinTermPair(const float* mw_a, const float* mw_b, const float* sx,
+                                    int64_t nb) {
+  __m512 accm = _mm512_setzero_ps();
+  const int64_t full = nb / kLanes * kLanes;
+  for (int64_t b = 0; b < full; b += kLanes) {
+    const __m512 sv = _mm512_maskz_broadcast_f32x8(kAll16, _mm256_loadu_ps(sx + b));
+    accm = _mm512_fmadd_ps(Pair(_mm256_loadu_ps(mw_a + b), _mm256_loadu_ps(mw_b + b)), sv, accm);
+  }
+  if (full < nb) {
+    const __mmask8 mask = static_cast<__mmask8>((1u << (nb - full)) - 1);
+    const __m512 sv = _mm512_maskz_broadcast_f32x8(kAll16, _mm256_maskz_loadu_ps(mask, sx + full));
+    const __m512 mv =
+        Pair(_mm256_maskz_loadu_ps(mask, mw_a + full), _mm256_maskz_loadu_ps(mask, mw_b + full));
+    accm = _mm512_fmadd_ps(mv, sv, accm);
+  }
+  return accm;
+}
+
+// y[r * ldy + j] for r < MR, j < nr (nr <= 2 NP) from quantized rows of x (xq at the first)
+// and weight rows w[0, 2 NP) (w[j] for j >= nr repeats a real row; its results are dropped).
+template <int MR, int NP, Layout L>
+RS_AVX512 void Int8Tile(const QuantizedX& xq, const BlockRow* w, const float* bias, int nr,
+                        float* y, int64_t ldy) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i bias128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[MR][NP];
+  for (int r = 0; r < MR; ++r) {
+    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < xq.nb; ++b) {
+    __m512i wq[NP], shift[NP];
+    __m512 dw[NP];
+    for (int p = 0; p < NP; ++p) {
+      wq[p] = LoadPairBlock<L>(w[2 * p].q, w[2 * p + 1].q, b);
+      // vpdpbusd multiplies unsigned by signed bytes. Signed weights take x + 128 as the
+      // unsigned side, and 128 Σ w (per lane of four) comes off again: the same integers.
+      if constexpr (L == Layout::kS8) shift[p] = _mm512_dpbusd_epi32(zero, bias128, wq[p]);
+      dw[p] = PairOf(w[2 * p].d[b], w[2 * p + 1].d[b]);
+    }
+    for (int r = 0; r < MR; ++r) {
+      __m512i xv = _mm512_maskz_broadcast_i64x4(
+          kAll8,
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + r * xq.k + kBlock * b)));
+      if constexpr (L == Layout::kS8) xv = _mm512_xor_si512(xv, bias128);
+      const __m512 dx = _mm512_set1_ps(xq.d[r * xq.nb + b]);
+      for (int p = 0; p < NP; ++p) {
+        __m512i dot;
+        if constexpr (L == Layout::kS8) {
+          dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, xv, wq[p]), shift[p]);
+        } else {
+          dot = _mm512_dpbusd_epi32(zero, wq[p], xv);
+        }
+        acc[r][p] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, dot), _mm512_mul_ps(dw[p], dx),
+                                    acc[r][p]);
+      }
+    }
+  }
+  if constexpr (L == Layout::kS8) {
+    StorePairs<MR, NP>(acc, bias, nr, y, ldy);
+  } else {
+    // y = R(acc) + R(accm): the two reductions of each half, added as linear.h says.
+    for (int r = 0; r < MR; ++r) {
+      for (int p = 0; p < NP && 2 * p < nr; ++p) {
+        const __m512 accm = MinTermPair(w[2 * p].m, w[2 * p + 1].m, xq.s + r * xq.nb, xq.nb);
+        for (int h = 0; h < 2 && 2 * p + h < nr; ++h) {
+          const float sum = h == 0 ? ReduceAvx2(LowerHalf(acc[r][p])) + ReduceAvx2(LowerHalf(accm))
+                                   : ReduceAvx2(UpperHalf(acc[r][p])) + ReduceAvx2(UpperHalf(accm));
+          const int j = 2 * p + h;
+          y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
+        }
+      }
+    }
+  }
+}
+
+using Int8TileFn = void (*)(const QuantizedX& xq, const BlockRow* w, const float* bias, int nr,
+                            float* y, int64_t ldy);
+
+template <Layout L>
+Int8TileFn PickInt8Tile(int mr, int np) {
+  static constexpr Int8TileFn kTable[kMrInt8][kNpInt8] = {
+      {Int8Tile<1, 1, L>, Int8Tile<1, 2, L>},
+      {Int8Tile<2, 1, L>, Int8Tile<2, 2, L>},
+      {Int8Tile<3, 1, L>, Int8Tile<3, 2, L>},
+      {Int8Tile<4, 1, L>, Int8Tile<4, 2, L>},
+  };
+  return kTable[mr - 1][np - 1];
+}
+
+Int8TileFn PickInt8Tile(Layout layout, int mr, int np) {
+  switch (layout) {
+    case Layout::kU4:
+      return PickInt8Tile<Layout::kU4>(mr, np);
+    case Layout::kU8:
+      return PickInt8Tile<Layout::kU8>(mr, np);
+    default:
+      return PickInt8Tile<Layout::kS8>(mr, np);
+  }
+}
+
+}  // namespace
+
+void LinearF32Avx512(const float* x, int32_t n, const CpuWeight& w, int64_t row, int64_t rows,
+                     const float* bias, float* y, int64_t ldy, int num_threads) {
+  const CpuWeight::Segment& s = w.SegmentOf(row);
+  const int64_t k = w.cols();
+  if (n <= kMr && s.layout != Layout::kStored) {
+    return LinearF32Fused(x, n, s, row - s.row_begin, k, rows, bias, y, ldy, num_threads);
+  }
+  const int64_t kpad = RoundUp(std::max<int64_t>(k, 1), kLanes);
+  ForTiles((rows + kNr - 1) / kNr, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+    float* panel = PanelBuffer((kNr + 2) * kpad);
+    float* scratch = panel + kNr * kpad;
+    const int32_t row_block = RowBlock(k);
+    for (int32_t i0 = 0; i0 < n; i0 += row_block) {
+      const int32_t i1 = std::min(n, i0 + row_block);
+      for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+        const int64_t c0 = tile * kNr;
+        const int nr = static_cast<int>(std::min<int64_t>(kNr, rows - c0));
+        FillPairPanel(w, s, row + c0, nr, kpad, panel, scratch);
+        const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
+        for (int32_t i = i0; i < i1; i += kMr) {
+          const int mr = std::min(kMr, i1 - i);
+          kTiles[mr - 1][(nr + 1) / 2 - 1](x + static_cast<int64_t>(i) * k, k, panel, kpad, k,
+                                           tile_bias, nr, y + static_cast<int64_t>(i) * ldy + c0,
+                                           ldy);
+        }
+      }
+    }
+  });
+}
+
+void LinearInt8Avx512(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
+                      int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads) {
+  constexpr int kNrInt8 = 2 * kNpInt8;
+  ForTiles((rows + kNrInt8 - 1) / kNrInt8, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+      const int64_t c0 = tile * kNrInt8;
+      const int nr = static_cast<int>(std::min<int64_t>(kNrInt8, rows - c0));
+      BlockRow w[kNrInt8];
+      for (int j = 0; j < kNrInt8; ++j) w[j] = RowOf(s, local0 + c0 + std::min(j, nr - 1), xq.nb);
+      const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
+      for (int32_t i = 0; i < n; i += kMrInt8) {
+        const int mr = std::min(kMrInt8, n - i);
+        const QuantizedX rows_i{xq.q + i * xq.k, xq.d + i * xq.nb, xq.s + i * xq.nb, xq.k, xq.nb};
+        PickInt8Tile(s.layout, mr, (nr + 1) / 2)(rows_i, w, tile_bias, nr,
+                                                 y + static_cast<int64_t>(i) * ldy + c0, ldy);
+      }
+    }
+  });
+}
+
+}  // namespace ridgeserve::cpu::internal
