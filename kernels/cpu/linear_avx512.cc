@@ -46,8 +46,9 @@ constexpr int kNpInt8 = 2;
 RS_AVX512 inline __m512 Pair(__m256 lower, __m256 upper) {
   return _mm512_insertf32x8(_mm512_castps256_ps512(lower), upper, 1);
 }
-RS_AVX512 inline __m512 PairOf(float lower, float upper) {
-  return Pair(_mm256_set1_ps(lower), _mm256_set1_ps(upper));
+// [*lower x 8 | *upper x 8]: two broadcast loads, the second under a mask.
+RS_AVX512 inline __m512 PairOf(const float* lower, const float* upper) {
+  return _mm512_mask_broadcastss_ps(_mm512_set1_ps(*lower), 0xFF00, _mm_load_ss(upper));
 }
 RS_AVX512 inline __m256 LowerHalf(__m512 v) { return _mm512_maskz_extractf32x8_ps(kAll8, v, 0); }
 RS_AVX512 inline __m256 UpperHalf(__m512 v) { return _mm512_maskz_extractf32x8_ps(kAll8, v, 1); }
@@ -63,7 +64,7 @@ RS_AVX512 inline __m512 Widen(__m128i bytes, bool is_signed) {
 template <Layout L>
 RS_AVX512 inline void ConvertPairBlock(const BlockRow& a, const BlockRow& b, int64_t block,
                                        __m512 w[4]) {
-  const __m512 d = PairOf(a.d[block], b.d[block]);
+  const __m512 d = PairOf(a.d + block, b.d + block);
   __m128i chunks[4];  // 8 integers of row a, then the same 8 of row b
   if constexpr (L == Layout::kU4) {
     const __m128i mask = _mm_set1_epi8(0x0F);
@@ -86,7 +87,7 @@ RS_AVX512 inline void ConvertPairBlock(const BlockRow& a, const BlockRow& b, int
   if constexpr (L == Layout::kS8) {
     for (int g = 0; g < 4; ++g) w[g] = _mm512_mul_ps(d, Widen(chunks[g], true));
   } else {
-    const __m512 m = PairOf(a.m[block], b.m[block]);
+    const __m512 m = PairOf(a.m + block, b.m + block);
     for (int g = 0; g < 4; ++g) w[g] = _mm512_fmadd_ps(d, Widen(chunks[g], false), m);
   }
 }
@@ -341,7 +342,7 @@ RS_AVX512 void Int8Tile(const QuantizedX& xq, const BlockRow* w, const float* bi
       // vpdpbusd multiplies unsigned by signed bytes. Signed weights take x + 128 as the
       // unsigned side, and 128 Σ w (per lane of four) comes off again: the same integers.
       if constexpr (L == Layout::kS8) shift[p] = _mm512_dpbusd_epi32(zero, bias128, wq[p]);
-      dw[p] = PairOf(w[2 * p].d[b], w[2 * p + 1].d[b]);
+      dw[p] = PairOf(w[2 * p].d + b, w[2 * p + 1].d + b);
     }
     for (int r = 0; r < MR; ++r) {
       __m512i xv = _mm512_maskz_broadcast_i64x4(
