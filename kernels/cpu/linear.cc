@@ -2,7 +2,8 @@
 // kNrInt8 rows. f32 path: a tile is converted to an f32 panel in L1 (once per block of rows
 // of x) and a kernel runs MR rows of x against it, so every stored type shares
 // one kernel and multiplies exactly DequantizeRow's values. int8 path: x is quantized once per
-// call, and the kernel reads the packed integers directly.
+// call, and the kernel reads the packed integers directly. Isa::kAvx512 hands both to
+// linear_avx512.cc after quantizing x here.
 #include "kernels/cpu/linear.h"
 
 #include <immintrin.h>
@@ -392,7 +393,7 @@ float* PanelBuffer(int64_t floats) {
   if (buffer.size < floats) {
     const size_t bytes = static_cast<size_t>(RoundUp(floats * 4, kAlignment));
     buffer.data.reset(static_cast<float*>(std::aligned_alloc(kAlignment, bytes)));
-    if (buffer.data == nullptr) std::abort();  // a few KiB per thread
+    if (buffer.data == nullptr) std::abort();  // under 100 KiB per thread
     buffer.size = floats;
   }
   return buffer.data.get();
