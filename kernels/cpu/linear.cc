@@ -10,7 +10,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
 #include <cassert>
 #include <cmath>
 #include <cstdlib>
@@ -27,28 +26,23 @@ namespace ridgeserve::cpu {
 namespace {
 
 using internal::BlockRow;
-using internal::ForTiles;
+using internal::ForBlockTiles;
+using internal::ForPanelTiles;
 using internal::kAlignment;
 using internal::kBlock;
 using internal::kLanes;
 using internal::Layout;
-using internal::PanelBuffer;
 using internal::QuantizedX;
 using internal::ReduceAvx2;
 using internal::RoundUp;
 using internal::RowOf;
+using internal::TileTable;
 
 // Tile: kMr rows of x by kNr rows of w: 12 accumulators, 2 x vectors and a panel vector in
 // the 16 AVX2 registers. The panel (kNr rows, 14 KiB at k = 576) stays in L1 while x streams
 // from L2, 2 vectors per 12 FMAs.
 constexpr int kMr = 2;
 constexpr int kNr = 6;
-// Rows of x per pass over the thread's weight rows: as many as fit in 512 KiB (half the
-// smallest L2 seen here) while the panels stream by; each panel is converted once per pass.
-int32_t RowBlock(int64_t k) {
-  return static_cast<int32_t>(
-      std::clamp<int64_t>((512 << 10) / (4 * std::max<int64_t>(k, 1)), kMr, 1024) / kMr * kMr);
-}
 // int8 tile: 4 rows of x by 2 rows of w (8 accumulators, 2 weight blocks, sign/abs copies for
 // int8 weights and broadcast scales fill the registers).
 constexpr int kMrInt8 = 4;
@@ -261,20 +255,9 @@ struct Avx2Tile {
   static constexpr TileFn fn = &TileAvx2<MR, NR>;
 };
 
-// fns[mr - 1][nr - 1] = Tile<mr, nr>::fn for every tile up to kMr x kNr.
-template <template <int, int> class Tile, int MR, int... N>
-constexpr std::array<TileFn, sizeof...(N)> TileRow(std::integer_sequence<int, N...>) {
-  return {Tile<MR, N + 1>::fn...};
-}
-template <template <int, int> class Tile, int... M>
-constexpr std::array<std::array<TileFn, kNr>, sizeof...(M)> MakeTileTable(
-    std::integer_sequence<int, M...>) {
-  return {TileRow<Tile, M + 1>(std::make_integer_sequence<int, kNr>())...};
-}
-
 TileFn PickTile(Isa isa, int mr, int nr) {
-  static constexpr auto kAvx2 = MakeTileTable<Avx2Tile>(std::make_integer_sequence<int, kMr>());
-  static constexpr auto kScalar = MakeTileTable<ScalarTile>(std::make_integer_sequence<int, kMr>());
+  static constexpr auto kAvx2 = TileTable<TileFn, Avx2Tile, kMr, kNr>();
+  static constexpr auto kScalar = TileTable<TileFn, ScalarTile, kMr, kNr>();
   return isa == Isa::kScalar ? kScalar[mr - 1][nr - 1] : kAvx2[mr - 1][nr - 1];
 }
 
@@ -493,49 +476,32 @@ Int8TileFn PickInt8Tile(Isa isa, Layout layout, int mr, int nr) {
   }
 }
 
-// Rows [j0, j0 + rows) of one segment (local rows), f32 path; y rows ldy apart.
+// Rows [j0, j0 + rows) of one segment (rows of the whole weight), f32 path; y rows ldy apart.
 void LinearF32(const float* x, int32_t n, const CpuWeight& w, int64_t j0, int64_t rows,
                const float* bias, float* y, int64_t ldy, int num_threads, Isa isa) {
   const int64_t k = w.cols();
   const int64_t kpad = RoundUp(std::max<int64_t>(k, 1), kLanes);
-  ForTiles((rows + kNr - 1) / kNr, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
-    float* panel = PanelBuffer(kNr * kpad);
-    const int32_t row_block = RowBlock(k);
-    for (int32_t i0 = 0; i0 < n; i0 += row_block) {
-      const int32_t i1 = std::min(n, i0 + row_block);
-      for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-        const int64_t c0 = tile * kNr;
-        const int nr = static_cast<int>(std::min<int64_t>(kNr, rows - c0));
+  ForPanelTiles(
+      n, k, rows, kNr, kMr, kNr * kpad, num_threads,
+      [&](int64_t c0, int nr, float* panel) {
         DequantizeRows(w, j0 + c0, nr, panel, kpad, isa);
         for (int j = 0; j < nr; ++j) std::fill(panel + j * kpad + k, panel + (j + 1) * kpad, 0.0f);
-        const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
-        for (int32_t i = i0; i < i1; i += kMr) {
-          const int mr = std::min(kMr, i1 - i);
-          PickTile(isa, mr, nr)(x + static_cast<int64_t>(i) * k, k, panel, kpad, k, tile_bias,
-                                y + static_cast<int64_t>(i) * ldy + c0, ldy);
-        }
-      }
-    }
-  });
+      },
+      [&](int32_t i, int mr, int64_t c0, int nr, const float* panel) {
+        PickTile(isa, mr, nr)(x + int64_t{i} * k, k, panel, kpad, k,
+                              bias != nullptr ? bias + c0 : nullptr, y + int64_t{i} * ldy + c0,
+                              ldy);
+      });
 }
 
 void LinearInt8(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
                 int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads, Isa isa) {
-  ForTiles((rows + kNrInt8 - 1) / kNrInt8, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
-    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-      const int64_t c0 = tile * kNrInt8;
-      const int nr = static_cast<int>(std::min<int64_t>(kNrInt8, rows - c0));
-      BlockRow w[kNrInt8];
-      for (int j = 0; j < nr; ++j) w[j] = RowOf(s, local0 + c0 + j, xq.nb);
-      const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
-      for (int32_t i = 0; i < n; i += kMrInt8) {
-        const int mr = std::min(kMrInt8, n - i);
-        const QuantizedX rows_i{xq.q + i * xq.k, xq.d + i * xq.nb, xq.s + i * xq.nb, xq.k, xq.nb};
-        PickInt8Tile(isa, s.layout, mr, nr)(rows_i, w, tile_bias,
-                                            y + static_cast<int64_t>(i) * ldy + c0, ldy);
-      }
-    }
-  });
+  ForBlockTiles<kNrInt8>(n, s, local0, rows, xq.nb, kMrInt8, num_threads,
+                         [&](int32_t i, int mr, int64_t c0, int nr, const BlockRow* w) {
+                           PickInt8Tile(isa, s.layout, mr, nr)(
+                               xq.From(i), w, bias != nullptr ? bias + c0 : nullptr,
+                               y + int64_t{i} * ldy + c0, ldy);
+                         });
 }
 }  // namespace
 

@@ -10,9 +10,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
-#include <utility>
 
 #include "kernels/cpu/linear_internal.h"
 
@@ -34,11 +32,6 @@ constexpr __mmask8 kAll8 = 0xFF;
 constexpr int kMr = 4;
 constexpr int kNp = 6;
 constexpr int kNr = 2 * kNp;
-// Rows of x per pass over a thread's weight rows, as the AVX2 path chooses them.
-int32_t RowBlock(int64_t k) {
-  return static_cast<int32_t>(
-      std::clamp<int64_t>((512 << 10) / (4 * std::max<int64_t>(k, 1)), kMr, 1024) / kMr * kMr);
-}
 // int8 tile: 4 rows of x by 2 pairs of weight rows.
 constexpr int kMrInt8 = 4;
 constexpr int kNpInt8 = 2;
@@ -189,18 +182,12 @@ RS_AVX512 void Tile(const float* x, int64_t ldx, const float* panel, int64_t kpa
 
 using TileFn = void (*)(const float* x, int64_t ldx, const float* panel, int64_t kpad, int64_t k,
                         const float* bias, int nr, float* y, int64_t ldy);
-
-template <int MR, int... P>
-constexpr std::array<TileFn, sizeof...(P)> TileRow(std::integer_sequence<int, P...>) {
-  return {&Tile<MR, P + 1>...};
-}
-template <int... M>
-constexpr std::array<std::array<TileFn, kNp>, sizeof...(M)> MakeTileTable(
-    std::integer_sequence<int, M...>) {
-  return {TileRow<M + 1>(std::make_integer_sequence<int, kNp>())...};
-}
+template <int MR, int NP>
+struct PanelTile {
+  static constexpr TileFn fn = &Tile<MR, NP>;
+};
 // kTiles[mr - 1][np - 1] = Tile<mr, np>.
-constexpr auto kTiles = MakeTileTable(std::make_integer_sequence<int, kMr>());
+constexpr auto kTiles = TileTable<TileFn, PanelTile, kMr, kNp>();
 
 // ---- f32, a few rows of x: weights converted in registers -------------------------------
 
@@ -263,18 +250,11 @@ void LinearF32Fused(const float* x, int32_t n, const CpuWeight::Segment& s, int6
   float* xb = PanelBuffer(2 * int64_t{n} * k);
   BroadcastRows(x, n, k, xb);
   const FusedTileFn tile_fn = PickFusedTile(s.layout, n);
-  ForTiles((rows + kNrFused - 1) / kNrFused, num_threads,
-           [&](int64_t tile_begin, int64_t tile_end) {
-             for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-               const int64_t c0 = tile * kNrFused;
-               const int nr = static_cast<int>(std::min<int64_t>(kNrFused, rows - c0));
-               BlockRow w[kNrFused];
-               for (int j = 0; j < kNrFused; ++j) {
-                 w[j] = RowOf(s, local0 + c0 + std::min(j, nr - 1), k / kBlock);
-               }
-               tile_fn(xb, k, w, bias != nullptr ? bias + c0 : nullptr, nr, y + c0, ldy);
-             }
-           });
+  ForBlockTiles<kNrFused>(n, s, local0, rows, k / kBlock, kMr, num_threads,
+                          [&](int32_t, int, int64_t c0, int nr, const BlockRow* w) {
+                            tile_fn(xb, k, w, bias != nullptr ? bias + c0 : nullptr, nr, y + c0,
+                                    ldy);
+                          });
 }
 
 // ---- int8 -------------------------------------------------------------------------------
@@ -415,46 +395,27 @@ void LinearF32Avx512(const float* x, int32_t n, const CpuWeight& w, int64_t row,
     return LinearF32Fused(x, n, s, row - s.row_begin, k, rows, bias, y, ldy, num_threads);
   }
   const int64_t kpad = RoundUp(std::max<int64_t>(k, 1), kLanes);
-  ForTiles((rows + kNr - 1) / kNr, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
-    float* panel = PanelBuffer((kNr + 2) * kpad);
-    float* scratch = panel + kNr * kpad;
-    const int32_t row_block = RowBlock(k);
-    for (int32_t i0 = 0; i0 < n; i0 += row_block) {
-      const int32_t i1 = std::min(n, i0 + row_block);
-      for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-        const int64_t c0 = tile * kNr;
-        const int nr = static_cast<int>(std::min<int64_t>(kNr, rows - c0));
-        FillPairPanel(w, s, row + c0, nr, kpad, panel, scratch);
-        const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
-        for (int32_t i = i0; i < i1; i += kMr) {
-          const int mr = std::min(kMr, i1 - i);
-          kTiles[mr - 1][(nr + 1) / 2 - 1](x + static_cast<int64_t>(i) * k, k, panel, kpad, k,
-                                           tile_bias, nr, y + static_cast<int64_t>(i) * ldy + c0,
-                                           ldy);
-        }
-      }
-    }
-  });
+  // Each thread's panel, then 2 kpad floats of scratch for FillPairPanel.
+  ForPanelTiles(
+      n, k, rows, kNr, kMr, (kNr + 2) * kpad, num_threads,
+      [&](int64_t c0, int nr, float* panel) {
+        FillPairPanel(w, s, row + c0, nr, kpad, panel, panel + kNr * kpad);
+      },
+      [&](int32_t i, int mr, int64_t c0, int nr, const float* panel) {
+        kTiles[mr - 1][(nr + 1) / 2 - 1](x + int64_t{i} * k, k, panel, kpad, k,
+                                         bias != nullptr ? bias + c0 : nullptr, nr,
+                                         y + int64_t{i} * ldy + c0, ldy);
+      });
 }
 
 void LinearInt8Avx512(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
                       int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads) {
-  constexpr int kNrInt8 = 2 * kNpInt8;
-  ForTiles((rows + kNrInt8 - 1) / kNrInt8, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
-    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-      const int64_t c0 = tile * kNrInt8;
-      const int nr = static_cast<int>(std::min<int64_t>(kNrInt8, rows - c0));
-      BlockRow w[kNrInt8];
-      for (int j = 0; j < kNrInt8; ++j) w[j] = RowOf(s, local0 + c0 + std::min(j, nr - 1), xq.nb);
-      const float* tile_bias = bias != nullptr ? bias + c0 : nullptr;
-      for (int32_t i = 0; i < n; i += kMrInt8) {
-        const int mr = std::min(kMrInt8, n - i);
-        const QuantizedX rows_i{xq.q + i * xq.k, xq.d + i * xq.nb, xq.s + i * xq.nb, xq.k, xq.nb};
-        PickInt8Tile(s.layout, mr, (nr + 1) / 2)(rows_i, w, tile_bias, nr,
-                                                 y + static_cast<int64_t>(i) * ldy + c0, ldy);
-      }
-    }
-  });
+  ForBlockTiles<2 * kNpInt8>(n, s, local0, rows, xq.nb, kMrInt8, num_threads,
+                             [&](int32_t i, int mr, int64_t c0, int nr, const BlockRow* w) {
+                               PickInt8Tile(s.layout, mr, (nr + 1) / 2)(
+                                   xq.From(i), w, bias != nullptr ? bias + c0 : nullptr, nr,
+                                   y + int64_t{i} * ldy + c0, ldy);
+                             });
 }
 
 }  // namespace ridgeserve::cpu::internal

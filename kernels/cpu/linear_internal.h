@@ -12,8 +12,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/cpu/linear.h"
 
@@ -47,6 +49,9 @@ struct QuantizedX {
   const float* d;
   const float* s;
   int64_t k, nb;
+
+  // The rows from row i on.
+  QuantizedX From(int32_t i) const { return {q + i * k, d + i * nb, s + i * nb, k, nb}; }
 };
 
 // R(acc) of linear.h on 8 lanes: lanes (i, i + 4), then (i, i + 2), then (0, 1).
@@ -69,6 +74,71 @@ void ForTiles(int64_t tiles, int num_threads, const Body& body) {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     body(tiles * t / nt, tiles * (t + 1) / nt);
   }
+}
+
+// Rows of x per pass over a thread's weight rows, a multiple of mr: as many as fit in 512 KiB
+// (half the smallest L2 seen here) while the panels stream by; each panel is converted once
+// per pass.
+inline int32_t RowBlock(int64_t k, int mr) {
+  return static_cast<int32_t>(
+      std::clamp<int64_t>((512 << 10) / (4 * std::max<int64_t>(k, 1)), mr, 1024) / mr * mr);
+}
+
+// The loop of the f32 panel kernels: `rows` weight rows in tiles of nr_tile, split over the
+// threads; per pass of RowBlock rows of x, fill(c0, nr, panel) converts tile rows
+// [c0, c0 + nr) into this thread's panel (panel_floats floats) and run(i, mr, c0, nr, panel)
+// multiplies rows [i, i + mr) of x (mr <= mr_tile) by it.
+template <typename Fill, typename Run>
+void ForPanelTiles(int32_t n, int64_t k, int64_t rows, int nr_tile, int mr_tile,
+                   int64_t panel_floats, int num_threads, const Fill& fill, const Run& run) {
+  ForTiles((rows + nr_tile - 1) / nr_tile, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+    float* panel = PanelBuffer(panel_floats);
+    const int32_t row_block = RowBlock(k, mr_tile);
+    for (int32_t i0 = 0; i0 < n; i0 += row_block) {
+      const int32_t i1 = std::min(n, i0 + row_block);
+      for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+        const int64_t c0 = tile * nr_tile;
+        const int nr = static_cast<int>(std::min<int64_t>(nr_tile, rows - c0));
+        fill(c0, nr, panel);
+        for (int32_t i = i0; i < i1; i += mr_tile) run(i, std::min(mr_tile, i1 - i), c0, nr, panel);
+      }
+    }
+  });
+}
+
+// The loop of the kernels that read a 32-block segment's packed rows directly (int8, and f32
+// decode on AVX-512): local rows [local0, local0 + rows) in tiles of NR, split over the
+// threads; run(i, mr, c0, nr, w) multiplies rows [i, i + mr) of x (mr <= mr_tile) by tile
+// rows [c0, c0 + nr), w[0, NR) (w[j] for j >= nr repeats the tile's last row, so a kernel may
+// read every w[j] and drop what it computes from them).
+template <int NR, typename Run>
+void ForBlockTiles(int32_t n, const CpuWeight::Segment& s, int64_t local0, int64_t rows, int64_t nb,
+                   int mr_tile, int num_threads, const Run& run) {
+  ForTiles((rows + NR - 1) / NR, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+    for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+      const int64_t c0 = tile * NR;
+      const int nr = static_cast<int>(std::min<int64_t>(NR, rows - c0));
+      BlockRow w[NR];
+      for (int j = 0; j < NR; ++j) w[j] = RowOf(s, local0 + c0 + std::min(j, nr - 1), nb);
+      for (int32_t i = 0; i < n; i += mr_tile) run(i, std::min(mr_tile, n - i), c0, nr, w);
+    }
+  });
+}
+
+// table[m - 1][j - 1] = Tile<m, j>::fn for m <= M, j <= N: a tile kernel for every partial
+// tile, picked at run time.
+template <typename Fn, template <int, int> class Tile, int M, int... J>
+constexpr std::array<Fn, sizeof...(J)> TileTableRow(std::integer_sequence<int, J...>) {
+  return {Tile<M, J + 1>::fn...};
+}
+template <typename Fn, template <int, int> class Tile, int N, int... M>
+constexpr std::array<std::array<Fn, N>, sizeof...(M)> TileTableRows(
+    std::integer_sequence<int, M...>) {
+  return {TileTableRow<Fn, Tile, M + 1>(std::make_integer_sequence<int, N>())...};
+}
+template <typename Fn, template <int, int> class Tile, int M, int N>
+constexpr std::array<std::array<Fn, N>, M> TileTable() {
+  return TileTableRows<Fn, Tile, N>(std::make_integer_sequence<int, M>());
 }
 
 // The AVX-512 path (linear_avx512.cc; call only where AvailableIsas() has Isa::kAvx512).
