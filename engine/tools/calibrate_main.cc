@@ -64,6 +64,7 @@
 #include "engine/model/safetensors.h"
 #include "engine/ridgefill/calibration_stats.h"
 #include "engine/ridgefill/map_file.h"
+#include "engine/ridgefill/map_fit.h"
 #include "engine/ridgefill/ridge_solver.h"
 #include "engine/tools/tool_util.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -132,228 +133,6 @@ absl::StatusOr<ModelIdentity> IdentifyModel(const std::string& path) {
   id.fingerprint =
       ComputeModelFingerprint(*source, id.config.name, id.config.num_layers, id.config.hidden);
   return id;
-}
-
-// Per-target quality (DESIGN.md's report). R², K/V cosines and key-norm ratios are on the
-// held-out rows; attn_cos on the attention window (see AttentionCosine).
-struct Quality {
-  double r2 = std::numeric_limits<double>::quiet_NaN();
-  double k_cos = std::numeric_limits<double>::quiet_NaN();
-  double v_cos = std::numeric_limits<double>::quiet_NaN();
-  double key_norm_ratio = std::numeric_limits<double>::quiet_NaN();
-  double attn_cos = std::numeric_limits<double>::quiet_NaN();
-  double kv_error = std::numeric_limits<double>::quiet_NaN();  // what auto-λ minimises
-  // Before the key scale (equal to the above when it is off).
-  double key_norm_ratio_unscaled = std::numeric_limits<double>::quiet_NaN();
-  std::vector<double> head_key_norm_ratio;  // [num_kv_heads]
-};
-
-// Layer l's path from its input residual row to its K (before RoPE) and V, on the host, in
-// stages that match what each map target predicts:
-//   residual h --Normalize--> x̂ (RMSNorm · attn_norm) --Project--> raw K|V (+ bias)
-//   --FinishK--> K after QK-norm (Qwen3; identity otherwise), V unchanged.
-// pre_norm predicts h, post_norm x̂, kv raw K|V. Queries (for the attention cosine) come from
-// x̂ with the Q rows.
-class KvProjector {
- public:
-  KvProjector(LlamaModel& model, int32_t layer) : c_(model.config()) {
-    Backend& backend = model.backend();
-    const LayerWeights& w = model.weights().layers[layer];
-    const int32_t kv = c_.kv_dim(), q_dim = c_.q_dim();
-    norm_.resize(c_.hidden);
-    backend.CopyToHost(norm_.data(), w.attn_norm.as<float>(), sizeof(float) * c_.hidden);
-    // wqkv rows: Q [q_dim], then K [kv_dim], then V [kv_dim].
-    weight_.resize(static_cast<size_t>(q_dim + 2 * kv) * c_.hidden);
-    const absl::Status unpacked = backend.UnpackWeight(w.wqkv, 0, w.wqkv.rows(), weight_.data());
-    assert(unpacked.ok());  // the whole weight: a range error would be ours
-    (void)unpacked;
-    if (w.bqkv.bytes() > 0) {
-      bias_.resize(q_dim + 2 * kv);
-      backend.CopyToHost(bias_.data(), w.bqkv.as<float>(), sizeof(float) * bias_.size());
-    }
-    if (c_.qk_norm) {
-      k_norm_.resize(c_.head_dim);
-      backend.CopyToHost(k_norm_.data(), w.k_norm.as<float>(), sizeof(float) * c_.head_dim);
-      q_norm_.resize(c_.head_dim);
-      backend.CopyToHost(q_norm_.data(), w.q_norm.as<float>(), sizeof(float) * c_.head_dim);
-    }
-  }
-
-  int32_t kv_dim() const { return c_.kv_dim(); }
-  // Width of what a map of `kind` predicts.
-  int32_t TargetDim(MapTarget kind) const {
-    return kind == MapTarget::kKv ? 2 * c_.kv_dim() : c_.hidden;
-  }
-
-  // The exact target of `kind` from residual rows h [rows, hidden] → y [rows, TargetDim].
-  void Target(MapTarget kind, const float* h, int64_t rows, std::vector<float>& y) const {
-    if (kind == MapTarget::kPreNorm) {
-      y.assign(h, h + rows * c_.hidden);
-      return;
-    }
-    Normalize(h, rows, y);
-    if (kind == MapTarget::kKv) {
-      std::vector<float> xn = std::move(y);
-      ProjectRows(xn.data(), rows, c_.q_dim(), 2 * c_.kv_dim(), y);
-    }
-  }
-
-  // Target values of `kind` (exact or predicted) [rows, TargetDim] → K|V [rows, 2 kv_dim]
-  // with K after QK-norm and before RoPE.
-  void ToKv(MapTarget kind, const float* y, int64_t rows, std::vector<float>& kv) const {
-    if (kind == MapTarget::kKv) {
-      kv.assign(y, y + rows * 2 * c_.kv_dim());
-    } else {
-      std::vector<float> xn;
-      const float* in = y;
-      if (kind == MapTarget::kPreNorm) {
-        Normalize(y, rows, xn);
-        in = xn.data();
-      }
-      ProjectRows(in, rows, c_.q_dim(), 2 * c_.kv_dim(), kv);
-    }
-    if (k_norm_.empty()) return;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int32_t hd = 0; hd < c_.num_kv_heads; ++hd) {
-        float* head = &kv[r * 2 * c_.kv_dim() + hd * c_.head_dim];
-        RmsNormRow(head, k_norm_.data(), c_.head_dim, head);
-      }
-    }
-  }
-
-  // Exact queries from residual rows h: [rows, q_dim], after QK-norm, before RoPE.
-  void Queries(const float* h, int64_t rows, std::vector<float>& q) const {
-    std::vector<float> xn;
-    Normalize(h, rows, xn);
-    ProjectRows(xn.data(), rows, 0, c_.q_dim(), q);
-    if (q_norm_.empty()) return;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int32_t hd = 0; hd < c_.num_heads; ++hd) {
-        float* head = &q[r * c_.q_dim() + hd * c_.head_dim];
-        RmsNormRow(head, q_norm_.data(), c_.head_dim, head);
-      }
-    }
-  }
-
- private:
-  void Normalize(const float* h, int64_t rows, std::vector<float>& xn) const {
-    const int32_t d = c_.hidden;
-    xn.resize(static_cast<size_t>(rows) * d);
-    for (int64_t r = 0; r < rows; ++r) RmsNormRow(h + r * d, norm_.data(), d, &xn[r * d]);
-  }
-  // out [rows, count] = x · weight rows [first, first + count)ᵀ + bias.
-  void ProjectRows(const float* x, int64_t rows, int32_t first, int32_t count,
-                   std::vector<float>& out) const {
-    const int32_t d = c_.hidden;
-    out.assign(static_cast<size_t>(rows) * count, 0.0f);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, count, d, 1.0f, x, d,
-                weight_.data() + static_cast<size_t>(first) * d, d, 0.0f, out.data(), count);
-    if (bias_.empty()) return;
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int32_t j = 0; j < count; ++j) out[r * count + j] += bias_[first + j];
-    }
-  }
-  void RmsNormRow(const float* x, const float* w, int32_t dim, float* out) const {
-    double sum = 0;
-    for (int32_t i = 0; i < dim; ++i) sum += static_cast<double>(x[i]) * x[i];
-    const float r = static_cast<float>(1.0 / std::sqrt(sum / dim + c_.rms_eps));
-    for (int32_t i = 0; i < dim; ++i) out[i] = (x[i] * r) * w[i];
-  }
-
-  const ModelConfig& c_;
-  std::vector<float> norm_;    // [hidden]
-  std::vector<float> weight_;  // [q_dim + 2 kv_dim, hidden]
-  std::vector<float> bias_;    // [q_dim + 2 kv_dim] or empty
-  std::vector<float> k_norm_;  // [head_dim] or empty
-  std::vector<float> q_norm_;  // [head_dim] or empty
-};
-
-double Cosine(const float* a, const float* b, int32_t n) {
-  double ab = 0, aa = 0, bb = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    ab += static_cast<double>(a[i]) * b[i];
-    aa += static_cast<double>(a[i]) * a[i];
-    bb += static_cast<double>(b[i]) * b[i];
-  }
-  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
-}
-
-// Per-KV-head key scale γ_h = mean_r ‖K_h(r)‖ / mean_r ‖K̂_h(r)‖ over rows of K|V
-// [rows, 2 kv_dim]: the factor that makes the predicted key norms match the exact ones on
-// average (ridge shrinks predictions towards the mean).
-std::vector<float> KeyScale(const std::vector<float>& got, const std::vector<float>& want,
-                            int64_t rows, int32_t num_kv_heads, int32_t head_dim) {
-  const int32_t kv_dim = num_kv_heads * head_dim;
-  std::vector<double> g(num_kv_heads, 0.0), w(num_kv_heads, 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int32_t h = 0; h < num_kv_heads; ++h) {
-      double gg = 0, ww = 0;
-      for (int32_t j = h * head_dim; j < (h + 1) * head_dim; ++j) {
-        gg += static_cast<double>(got[r * 2 * kv_dim + j]) * got[r * 2 * kv_dim + j];
-        ww += static_cast<double>(want[r * 2 * kv_dim + j]) * want[r * 2 * kv_dim + j];
-      }
-      g[h] += std::sqrt(gg);
-      w[h] += std::sqrt(ww);
-    }
-  }
-  std::vector<float> scale(num_kv_heads, 1.0f);
-  for (int32_t h = 0; h < num_kv_heads; ++h) {
-    if (g[h] > 0 && w[h] > 0) scale[h] = static_cast<float>(w[h] / g[h]);
-  }
-  return scale;
-}
-
-// K rows of K|V [rows, 2 kv_dim] times the per-head scale, in place.
-void ApplyKeyScale(std::span<const float> scale, int64_t rows, int32_t head_dim,
-                   std::vector<float>& kv) {
-  const int32_t kv_dim = static_cast<int32_t>(scale.size()) * head_dim;
-  for (int64_t r = 0; r < rows; ++r) {
-    for (size_t h = 0; h < scale.size(); ++h) {
-      float* k = &kv[r * 2 * kv_dim + h * head_dim];
-      for (int32_t j = 0; j < head_dim; ++j) k[j] *= scale[h];
-    }
-  }
-}
-
-// Compares predicted and actual K/V rows ([rows, 2 kv_dim]). kv_error is the relative squared
-// error of K plus that of V: Σ‖K̂ − K‖²/Σ‖K‖² + Σ‖V̂ − V‖²/Σ‖V‖². key_norm_ratio is the mean
-// over rows of ‖K̂‖/‖K‖ (all heads together), head_key_norm_ratio the same per KV head.
-Quality CompareKv(const std::vector<float>& got, const std::vector<float>& want, int64_t rows,
-                  int32_t num_kv_heads, int32_t head_dim) {
-  const int32_t kv_dim = num_kv_heads * head_dim;
-  Quality q;
-  double k_cos = 0, v_cos = 0, norm_ratio = 0;
-  double k_err = 0, k_ref = 0, v_err = 0, v_ref = 0;
-  q.head_key_norm_ratio.assign(num_kv_heads, 0.0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = &got[r * 2 * kv_dim];
-    const float* w = &want[r * 2 * kv_dim];
-    k_cos += Cosine(g, w, kv_dim);
-    v_cos += Cosine(g + kv_dim, w + kv_dim, kv_dim);
-    double gk = 0, wk = 0;
-    for (int32_t h = 0; h < num_kv_heads; ++h) {
-      double gh = 0, wh = 0;
-      for (int32_t j = h * head_dim; j < (h + 1) * head_dim; ++j) {
-        gh += static_cast<double>(g[j]) * g[j];
-        wh += static_cast<double>(w[j]) * w[j];
-        k_err += (static_cast<double>(g[j]) - w[j]) * (static_cast<double>(g[j]) - w[j]);
-        const double gv = g[kv_dim + j], wv = w[kv_dim + j];
-        v_err += (gv - wv) * (gv - wv);
-        v_ref += wv * wv;
-      }
-      q.head_key_norm_ratio[h] += wh > 0 ? std::sqrt(gh / wh) : 0.0;
-      gk += gh;
-      wk += wh;
-    }
-    k_ref += wk;
-    norm_ratio += wk > 0 ? std::sqrt(gk / wk) : 0.0;
-  }
-  q.k_cos = k_cos / rows;
-  q.v_cos = v_cos / rows;
-  q.key_norm_ratio = norm_ratio / rows;
-  for (double& h : q.head_key_norm_ratio) h /= rows;
-  q.kv_error = (k_ref > 0 ? k_err / k_ref : 0) + (v_ref > 0 ? v_err / v_ref : 0);
-  return q;
 }
 
 // Rotary embedding on the host, as Backend::Rope (half-split pairs, float angle), on `heads`
@@ -433,51 +212,6 @@ double AttentionCosine(const ModelConfig& c, std::vector<float> q, std::vector<f
   return total / (static_cast<double>(nq) * c.num_heads);
 }
 
-// ŷ = W x + b for rows x [rows, d] → [rows, out_dim].
-std::vector<float> Predict(const RidgeFit& fit, const float* x, int64_t rows, int32_t d) {
-  const int64_t out_dim = fit.out_dim;
-  std::vector<float> pred(static_cast<size_t>(rows) * out_dim);
-  for (int64_t row = 0; row < rows; ++row) {
-    std::copy(fit.bias.begin(), fit.bias.end(), pred.begin() + row * out_dim);
-  }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, out_dim, d, 1.0f, x, d,
-              fit.weight.data(), d, 1.0f, pred.data(), out_dim);
-  return pred;
-}
-
-// R² of ŷ against y [rows, dim], relative to y's own mean, summed over dims.
-double RSquared(const std::vector<float>& y, const std::vector<float>& pred, int64_t rows,
-                int64_t dim) {
-  std::vector<double> mean(dim, 0.0);
-  for (int64_t row = 0; row < rows; ++row) {
-    for (int64_t j = 0; j < dim; ++j) mean[j] += y[row * dim + j];
-  }
-  for (double& m : mean) m /= rows;
-  double err = 0, var = 0;
-  for (int64_t row = 0; row < rows; ++row) {
-    for (int64_t j = 0; j < dim; ++j) {
-      const double e = static_cast<double>(y[row * dim + j]) - pred[row * dim + j];
-      const double v = y[row * dim + j] - mean[j];
-      err += e * e;
-      var += v * v;
-    }
-  }
-  return var > 0 ? 1.0 - err / var : std::numeric_limits<double>::quiet_NaN();
-}
-
-struct SplitResult {
-  int32_t split = 0;
-  int64_t train_rows = 0;
-  int64_t holdout_rows = 0;
-  std::vector<RidgeFit> fits;
-  std::vector<Quality> quality;
-  std::vector<std::vector<float>> key_scale;  // per target: [num_kv_heads] or empty
-  std::vector<float> leverage_inverse;
-  std::vector<float> leverage_mean;
-  float leverage_lambda = 0;
-};
-
-// One calibration, in its phases: flags, model and splits, text windows, the exact pass that
 // accumulates the statistics, the solve, the map files.
 class Calibrator {
  public:
@@ -644,37 +378,12 @@ class Calibrator {
     return absl::OkStatus();
   }
 
-  // Capture depths s + 1 (leaving layer s) and every l in [s + 2, L) for each split, the
-  // layers' target projectors and one accumulator per kind and split.
+  // What the pass captures and accumulates: every kind for every split.
   void PlanStatistics() {
-    const ModelConfig& c = model_->config;
-    const int32_t num_layers = c.num_layers;
-    depth_slot_.assign(num_layers + 1, -1);
-    auto want_depth = [&](int32_t d) {
-      if (depth_slot_[d] >= 0) return;
-      depth_slot_[d] = static_cast<int32_t>(capture_.depths.size());
-      capture_.depths.push_back(d);
-    };
-    const HoldoutOptions holdout{absl::GetFlag(FLAGS_holdout_every),
-                                 absl::GetFlag(FLAGS_max_holdout_rows)};
-    projectors_.resize(num_layers);
-    accumulators_.resize(kinds_.size());
-    for (int32_t s : splits_) {
-      want_depth(s + 1);
-      for (int32_t l = s + 2; l < num_layers; ++l) {
-        want_depth(l);
-        if (projectors_[l] == nullptr) {
-          projectors_[l] = std::make_unique<KvProjector>(*model_->llama, l);
-        }
-      }
-      for (size_t k = 0; k < kinds_.size(); ++k) {
-        std::vector<int64_t> dims;
-        for (int32_t l = s + 2; l < num_layers; ++l) {
-          dims.push_back(projectors_[l]->TargetDim(kinds_[k]));
-        }
-        accumulators_[k].emplace_back(c.hidden, std::move(dims), holdout);
-      }
-    }
+    statistics_ = std::make_unique<SplitStatistics>(
+        *model_->llama, splits_, kinds_,
+        HoldoutOptions{absl::GetFlag(FLAGS_holdout_every), absl::GetFlag(FLAGS_max_holdout_rows)});
+    capture_.depths = statistics_->depths();
   }
 
   // The exact pass over every window. Targets of each kind are computed from the captured
@@ -689,7 +398,6 @@ class Calibrator {
                                           (window_ + 15) / 16, model_->llama->kv_cache_dtype()}));
     BlockTable table;
     std::vector<float> logits;
-    targets_.resize(c.num_layers);
     // During the pass OpenBLAS runs inside our OpenMP threads, one thread each: its own
     // pthread pool would spin against the backend's OpenMP workers on the same cores (a third
     // of the pass went to spinning). The solve gets its threads back.
@@ -720,7 +428,9 @@ class Calibrator {
         }
         // Rows at positions < sink stay out of the statistics.
         const int32_t skip = std::clamp<int32_t>(sink_ - static_cast<int32_t>(begin), 0, count);
-        if (count - skip > 0) RS_RETURN_IF_ERROR(Accumulate(skip, count - skip));
+        if (count - skip > 0) {
+          RS_RETURN_IF_ERROR(statistics_->Add(capture_.states, skip, count - skip, threads_));
+        }
       }
       table.Release(cache.pool());
       if (SecondsSince(last_report) > 5 || done == total_) {
@@ -736,45 +446,17 @@ class Calibrator {
     return absl::OkStatus();
   }
 
-  // The captured rows [skip, skip + rows) of the last forward into every accumulator.
-  absl::Status Accumulate(int32_t skip, int32_t rows) {
-    const ModelConfig& c = model_->config;
-    const int32_t num_layers = c.num_layers;
-    const size_t offset = static_cast<size_t>(skip) * c.hidden;
-    // Layers' targets, then splits' statistics, each independent of the others: spread over
-    // this process's threads, each running single-threaded BLAS.
-    for (size_t k = 0; k < kinds_.size(); ++k) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
-      for (int32_t l = 0; l < num_layers; ++l) {
-        if (projectors_[l] == nullptr) continue;
-        projectors_[l]->Target(kinds_[k], capture_.states[depth_slot_[l]].data() + offset, rows,
-                               targets_[l]);
-      }
-      std::vector<absl::Status> added(splits_.size());
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads_)
-      for (size_t i = 0; i < splits_.size(); ++i) {
-        const int32_t s = splits_[i];
-        std::vector<const float*> ys;
-        for (int32_t l = s + 2; l < num_layers; ++l) ys.push_back(targets_[l].data());
-        added[i] = accumulators_[k][i].AddRows(capture_.states[depth_slot_[s + 1]].data() + offset,
-                                               rows, ys);
-      }
-      for (const absl::Status& status : added) RS_RETURN_IF_ERROR(status);
-    }
-    return absl::OkStatus();
-  }
-
   // Solve and score: per split and target kind one Gram eigendecomposition, then every key
   // scale choice.
   absl::Status Solve() {
     const auto solve_start = Clock::now();
-    results_.assign(kinds_.size(), std::vector<std::vector<SplitResult>>(key_scales_.size()));
+    results_.assign(kinds_.size(), std::vector<std::vector<SplitFit>>(key_scales_.size()));
     for (size_t i = 0; i < splits_.size(); ++i) {
       for (size_t k = 0; k < kinds_.size(); ++k) {
-        const CalibrationStats stats = accumulators_[k][i].Finish();
+        const CalibrationStats stats = statistics_->accumulator(k, i).Finish();
         RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeSolver> solver, RidgeSolver::Create(stats));
         for (size_t j = 0; j < key_scales_.size(); ++j) {
-          RS_ASSIGN_OR_RETURN(SplitResult r,
+          RS_ASSIGN_OR_RETURN(SplitFit r,
                               SolveSplit(splits_[i], kinds_[k], key_scales_[j], stats, *solver));
           results_[k][j].push_back(std::move(r));
         }
@@ -784,115 +466,33 @@ class Calibrator {
     return absl::OkStatus();
   }
 
-  // One split's maps for one kind and key-scale choice, with their held-out and
-  // attention-window quality.
-  absl::StatusOr<SplitResult> SolveSplit(int32_t split, MapTarget kind, bool key_scale,
-                                         const CalibrationStats& stats, RidgeSolver& solver) {
+  // One split's maps for one kind and key-scale choice (map_fit.h), with the attention-window
+  // cosine of each target.
+  absl::StatusOr<SplitFit> SolveSplit(int32_t split, MapTarget kind, bool key_scale,
+                                      const CalibrationStats& stats, const RidgeSolver& solver) {
     const ModelConfig& c = model_->config;
-    const int32_t kv_heads = c.num_kv_heads, head_dim = c.head_dim;
-    const int32_t attn_rows = attn_window_ ? static_cast<int32_t>(windows_.back().size()) : 0;
-    const float* attn_x = attn_window_ ? attn_states_[depth_slot_[split + 1]].data() : nullptr;
-    SplitResult r;
-    r.split = split;
-    r.train_rows = stats.rows;
-    r.holdout_rows = stats.holdout_rows;
-    for (int t = 0; t < static_cast<int>(stats.targets.size()); ++t) {
-      const int32_t layer = split + 2 + t;
-      const KvProjector& projector = *projectors_[layer];
-      const int64_t held = stats.holdout_rows;
-      const std::vector<float>& y_held = stats.targets[t].holdout_y;
-      std::vector<float> kv_actual, kv_pred;
-      if (held > 0) projector.ToKv(kind, y_held.data(), held, kv_actual);
-      RidgeFit fit;
-      if (fixed_lambda_ >= 0) {
-        RS_ASSIGN_OR_RETURN(fit, FitRidgeCholesky(stats, t, fixed_lambda_));
-      } else {
-        // Scored on K/V as served: with the key scale fitted for that λ when it is on.
-        RidgeSelectOptions options;
-        options.error = [&](const HeldOutPrediction& p) {
-          projector.ToKv(kind, p.predicted.data(), p.rows, kv_pred);
-          if (key_scale) {
-            ApplyKeyScale(KeyScale(kv_pred, kv_actual, p.rows, kv_heads, head_dim), p.rows,
-                          head_dim, kv_pred);
-          }
-          return CompareKv(kv_pred, kv_actual, p.rows, kv_heads, head_dim).kv_error;
-        };
-        RS_ASSIGN_OR_RETURN(fit, solver.FitSelect(t, options));
+    RS_ASSIGN_OR_RETURN(SplitFit r, FitSplitMaps(split, kind, {fixed_lambda_, key_scale}, stats,
+                                                 solver, statistics_->projectors(), c));
+    if (!attn_window_) return r;
+    const int32_t attn_rows = static_cast<int32_t>(windows_.back().size());
+    const float* attn_x = attn_states_[statistics_->slot(split + 1)].data();
+    for (size_t t = 0; t < r.fits.size(); ++t) {
+      const int32_t layer = split + 2 + static_cast<int32_t>(t);
+      const KvProjector& projector = *statistics_->projectors()[layer];
+      const std::vector<float>& h_l = attn_states_[statistics_->slot(layer)];
+      std::vector<float> queries, y_exact, kv_exact, kv_attn_pred;
+      projector.Queries(h_l.data(), attn_rows, queries);
+      projector.Target(kind, h_l.data(), attn_rows, y_exact);
+      projector.ToKv(kind, y_exact.data(), attn_rows, kv_exact);
+      const std::vector<float> pred = Predict(r.fits[t], attn_x, attn_rows, c.hidden);
+      projector.ToKv(kind, pred.data(), attn_rows, kv_attn_pred);
+      if (!r.key_scale[t].empty()) {
+        ApplyKeyScale(r.key_scale[t], attn_rows, c.head_dim, kv_attn_pred);
       }
-      Quality q;
-      std::vector<float> scale;
-      if (held > 0) {
-        const std::vector<float> pred = Predict(fit, stats.holdout_x.data(), held, c.hidden);
-        projector.ToKv(kind, pred.data(), held, kv_pred);
-        // The scale is fitted on the held-out rows it is then scored on: kv_heads numbers per
-        // layer against ~1600 rows, so the optimism is small. key_norm_ratio is then ~1 by
-        // construction; the *_unscaled values are before the scale.
-        const Quality unscaled = CompareKv(kv_pred, kv_actual, held, kv_heads, head_dim);
-        q = unscaled;
-        if (key_scale) {
-          scale = KeyScale(kv_pred, kv_actual, held, kv_heads, head_dim);
-          ApplyKeyScale(scale, held, head_dim, kv_pred);
-          q = CompareKv(kv_pred, kv_actual, held, kv_heads, head_dim);
-        }
-        q.key_norm_ratio_unscaled = unscaled.key_norm_ratio;
-        q.head_key_norm_ratio = unscaled.head_key_norm_ratio;
-        q.r2 = RSquared(y_held, pred, held, fit.out_dim);
-      }
-      if (attn_window_) {
-        const std::vector<float>& h_l = attn_states_[depth_slot_[layer]];
-        std::vector<float> queries, y_exact, kv_exact, kv_attn_pred;
-        projector.Queries(h_l.data(), attn_rows, queries);
-        projector.Target(kind, h_l.data(), attn_rows, y_exact);
-        projector.ToKv(kind, y_exact.data(), attn_rows, kv_exact);
-        const std::vector<float> pred = Predict(fit, attn_x, attn_rows, c.hidden);
-        projector.ToKv(kind, pred.data(), attn_rows, kv_attn_pred);
-        if (!scale.empty()) ApplyKeyScale(scale, attn_rows, head_dim, kv_attn_pred);
-        q.attn_cos = AttentionCosine(c, std::move(queries), std::move(kv_exact),
-                                     std::move(kv_attn_pred), attn_rows, sink_);
-      }
-      r.fits.push_back(std::move(fit));
-      r.quality.push_back(std::move(q));
-      r.key_scale.push_back(std::move(scale));
+      r.quality[t].attn_cos = AttentionCosine(c, std::move(queries), std::move(kv_exact),
+                                              std::move(kv_attn_pred), attn_rows, sink_);
     }
-    // Leverage test for outlier rows, at the λ chosen for the first target (s + 2).
-    r.leverage_lambda = static_cast<float>(r.fits.front().lambda);
-    r.leverage_inverse = solver.RegularizedInverse(r.fits.front().lambda);
-    r.leverage_mean.assign(stats.mean.begin(), stats.mean.end());
     return r;
-  }
-
-  // The maps of one (target, key scale) combination as a MapSet.
-  MapSet ToMapSet(const std::vector<SplitResult>& results, MapTarget kind) const {
-    const ModelConfig& c = model_->config;
-    MapSet maps;
-    maps.model = id_.fingerprint;
-    maps.num_kv_heads = c.num_kv_heads;
-    maps.head_dim = c.head_dim;
-    maps.kind = kind;
-    for (const SplitResult& r : results) {
-      SplitMaps sm;
-      sm.split_layer = r.split;
-      sm.leverage_lambda = r.leverage_lambda;
-      sm.leverage_inverse = r.leverage_inverse;
-      sm.leverage_mean = r.leverage_mean;
-      for (size_t t = 0; t < r.fits.size(); ++t) {
-        TargetMap tm;
-        tm.layer = r.split + 2 + static_cast<int32_t>(t);
-        tm.lambda = static_cast<float>(r.fits[t].lambda);
-        tm.out_dim = static_cast<int32_t>(r.fits[t].out_dim);
-        tm.weight = r.fits[t].weight;
-        tm.bias = r.fits[t].bias;
-        tm.key_scale = r.key_scale[t];
-        tm.diagnostics.r2 = static_cast<float>(r.quality[t].r2);
-        tm.diagnostics.k_cos = static_cast<float>(r.quality[t].k_cos);
-        tm.diagnostics.v_cos = static_cast<float>(r.quality[t].v_cos);
-        tm.diagnostics.key_norm_ratio = static_cast<float>(r.quality[t].key_norm_ratio);
-        tm.diagnostics.attn_cos = static_cast<float>(r.quality[t].attn_cos);
-        sm.targets.push_back(std::move(tm));
-      }
-      maps.splits.push_back(std::move(sm));
-    }
-    return maps;
   }
 
   // One map file per (target, key scale), its table on stderr; the summary JSON on stdout.
@@ -904,7 +504,7 @@ class Calibrator {
         std::string path =
             absl::StrReplaceAll(out_, {{"{target}", std::string(MapTargetName(kinds_[k]))},
                                        {"{key_scale}", key_scales_[j] ? "on" : "off"}});
-        const MapSet maps = ToMapSet(results_[k][j], kinds_[k]);
+        const MapSet maps = ToMapSet(results_[k][j], kinds_[k], id_.fingerprint, model_->config);
         RS_RETURN_IF_ERROR(WriteMapFile(path, maps));
 
         Json summary = MapSummary(maps);
@@ -920,12 +520,12 @@ class Calibrator {
         summary["tokens_per_second"] = total_ / pass_seconds_;
         summary["solve_seconds"] = solve_seconds_;
         for (size_t i = 0; i < results_[k][j].size(); ++i) {
-          const SplitResult& r = results_[k][j][i];
+          const SplitFit& r = results_[k][j][i];
           Json& js = summary["splits"][i];
           js["train_rows"] = r.train_rows;
           js["holdout_rows"] = r.holdout_rows;
           for (size_t t = 0; t < r.fits.size(); ++t) {
-            const Quality& q = r.quality[t];
+            const MapFitQuality& q = r.quality[t];
             Json& jl = js["layers"][t];
             jl["alpha"] = Num(r.fits[t].alpha);
             jl["kv_error"] = Num(q.kv_error);
@@ -964,15 +564,12 @@ class Calibrator {
   bool attn_window_ = false;  // the last window measures the attention-output cosine
   // The pass: what is captured, the targets and the statistics.
   ForwardCapture capture_;
-  std::vector<int32_t> depth_slot_;                       // [depth] → capture slot, or -1
-  std::vector<std::unique_ptr<KvProjector>> projectors_;  // [layer] or null
-  std::vector<std::vector<CalibrationAccumulator>> accumulators_;  // [kind][split]
-  std::vector<std::vector<float>> targets_;                        // [layer] scratch
+  std::unique_ptr<SplitStatistics> statistics_;
   std::vector<std::vector<float>> attn_states_;  // [capture slot] the attention window's rows
   int threads_ = 1;
   double pass_seconds_ = 0;
   // The solve: results_[k][j][i] for kind k, key scale j, split i.
-  std::vector<std::vector<std::vector<SplitResult>>> results_;
+  std::vector<std::vector<std::vector<SplitFit>>> results_;
   double solve_seconds_ = 0;
 };
 
