@@ -87,7 +87,14 @@ struct Engine::Impl {
     bool capture = false;
     std::vector<int32_t> forced;
     double emitted_nll = 0;
+    // Online calibration: the next prompt position whose rows may be taken.
+    int32_t calibration_next = 0;
     bool kv_prefilling() const { return spec_kv.budget > 0 && !compacted && !lookahead.empty(); }
+    // Every prompt row runs every layer on exact K/V over the whole prompt.
+    bool exact_prefill() const {
+      return split_layer < 0 && spec_kv.budget == 0 && spec == nullptr &&
+             kept_prompt_tokens == prompt_tokens;
+    }
   };
 
   struct Incoming {
@@ -148,6 +155,10 @@ struct Engine::Impl {
   void Step();
   // The target's forward, sampling and events for one step's plan.
   void RunTarget(const StepPlan& plan);
+  // EngineOptions::calibration_rows: the rows of this step's batch to take (indices into the
+  // captured rows), advancing each request's calibration_next. Empty when off.
+  std::vector<int32_t> CalibrationRowsOf(const StepPlan& plan, const ForwardBatch& batch,
+                                         std::span<const int32_t> chunk_row);
   // The draft's forward for SpecPC requests still drafting; those whose lookahead is complete
   // get their kept tokens and move to the target's scheduler.
   void RunDraft(const StepPlan& plan);
@@ -337,6 +348,37 @@ void Engine::Impl::Step() {
   ++steps;
 }
 
+std::vector<int32_t> Engine::Impl::CalibrationRowsOf(const StepPlan& plan,
+                                                     const ForwardBatch& batch,
+                                                     std::span<const int32_t> chunk_row) {
+  const EngineOptions::CalibrationRows& want = options.calibration_rows;
+  std::vector<int32_t> rows;
+  if (!want.take) return rows;
+  // With filled rows in the batch the capture holds the exact rows only, in batch order.
+  std::vector<int32_t> captured_index;
+  if (!batch.fill_split.empty()) {
+    captured_index.resize(batch.num_rows());
+    int32_t next = 0;
+    for (int32_t r = 0; r < batch.num_rows(); ++r) {
+      captured_index[r] = batch.fill_split[r] < 0 ? next++ : -1;
+    }
+  }
+  for (size_t i = 0; i < plan.chunks.size(); ++i) {
+    const ScheduledChunk& chunk = plan.chunks[i];
+    Live& l = live.at(chunk.request->id);
+    if (!l.exact_prefill()) continue;
+    const int32_t end = std::min(chunk.start + chunk.count, l.prompt_tokens);
+    for (int32_t p = std::max({chunk.start, l.calibration_next, want.first_position}); p < end;
+         ++p) {
+      if (p % want.stride != 0) continue;
+      const int32_t row = chunk_row[i] + p - chunk.start;
+      rows.push_back(captured_index.empty() ? row : captured_index[row]);
+    }
+    l.calibration_next = std::max(l.calibration_next, end);
+  }
+  return rows;
+}
+
 void Engine::Impl::RunTarget(const StepPlan& plan) {
   const Clock::time_point start = Clock::now();
   const int32_t block_size = cache->shape().block_size;
@@ -406,10 +448,16 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   if (!captured.empty()) {
     for (int32_t layer = 0; layer < num_layers; ++layer) capture.query_layers.push_back(layer);
   }
-  absl::Status status = executor != nullptr
-                            ? executor->Forward(batch, logits, wanted)
-                            : model.llama->Forward(batch, *cache, logits,
-                                                   captured.empty() ? nullptr : &capture, wanted);
+  const std::vector<int32_t> calibration = CalibrationRowsOf(plan, batch, chunk_row);
+  if (!calibration.empty()) capture.depths = options.calibration_rows.depths;
+  const bool capturing = !captured.empty() || !calibration.empty();
+  absl::Status status =
+      executor != nullptr
+          ? executor->Forward(batch, logits, wanted)
+          : model.llama->Forward(batch, *cache, logits, capturing ? &capture : nullptr, wanted);
+  if (status.ok() && !calibration.empty()) {
+    options.calibration_rows.take(capture.states, calibration);
+  }
   const size_t q_dim = static_cast<size_t>(model.config.num_heads) * model.config.head_dim;
   for (size_t j = 0; status.ok() && j < captured.size(); ++j) {
     Live& l = *captured[j].first;
@@ -765,6 +813,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
   }
   if (options.scheduler.max_background_step_tokens < 1) {
     return absl::InvalidArgumentError("max_background_step_tokens must be positive");
+  }
+  if (const EngineOptions::CalibrationRows& rows = options.calibration_rows; rows.take) {
+    if (model.tensor_parallel() > 1) {
+      return absl::InvalidArgumentError(
+          "online calibration (calibration_rows) is not supported at tensor parallel > 1");
+    }
+    if (rows.stride < 1 || rows.first_position < 0 ||
+        std::any_of(rows.depths.begin(), rows.depths.end(),
+                    [&](int32_t d) { return d < 0 || d > model.config.num_layers; })) {
+      return absl::InvalidArgumentError(
+          "calibration_rows: need stride >= 1, first_position >= 0, depths in [0, num_layers]");
+    }
   }
   const ModelConfig& c = model.config;
   const int32_t block_size = options.scheduler.block_size;

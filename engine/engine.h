@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,20 @@ struct EngineOptions {
   // SpecPC: the kept tokens keep their original RoPE positions (and decoding continues at the
   // prompt's length) instead of being renumbered 0..budget-1 as the reference does.
   bool spec_pc_original_positions = false;
+  // Online RidgeFill calibration (take empty: off; not with tensor parallel > 1, Create
+  // refuses): after each target forward, the residual stream at `depths` (ForwardCapture) of
+  // the prompt rows of exact requests (no RidgeFill, SpecPC or SpecKV: their later layers see
+  // approximate K/V or a compressed prompt) at positions p >= first_position with
+  // p % stride == 0, each position once per request (a recompute after preemption does not
+  // repeat it). take(states, rows) runs on the engine thread and must not block: states[i] is
+  // [n, hidden] at depths[i], rows the indices into those n of the rows taken.
+  struct CalibrationRows {
+    std::vector<int32_t> depths;
+    int32_t first_position = 0;
+    int32_t stride = 1;
+    std::function<void(std::span<const std::vector<float>> states, std::span<const int32_t> rows)>
+        take;
+  } calibration_rows;
 };
 
 enum class FinishReason { kNone, kStop, kLength, kStopSequence, kAborted };

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -27,6 +29,8 @@
 #include "engine/engine.h"
 #include "engine/model/model.h"
 #include "engine/parallel/rank_group.h"
+#include "engine/ridgefill/online_calibration.h"
+#include "engine/ridgefill/ridgefill_load.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -68,6 +72,24 @@ ABSL_FLAG(double, ridgefill_shadow_fraction, 0,
           "RidgeFill: fraction of RIDGEFILL requests whose exact prefill also runs, on idle "
           "capacity only, to measure what RidgeFill costs (ridgeserve_ridgefill_shadow_* "
           "metrics; 0: off)");
+ABSL_FLAG(bool, ridgefill_online_calibration, false,
+          "RidgeFill: learn the served text: exact requests' prompt rows feed calibration "
+          "statistics, mixed with the shipped ones (--ridgefill_base_stats), re-solved every "
+          "--ridgefill_online_resolve_rows rows and swapped in as a new map version; "
+          "checkpointed in --ridgefill_online_dir (README, \"Online calibration\")");
+ABSL_FLAG(std::string, ridgefill_base_stats, "",
+          "RidgeFill online calibration: the calibration statistics of --ridgefill_maps "
+          "(ridgeserve-calibrate --stats_out; empty: the maps' path with .rfstats for .rfmap)");
+ABSL_FLAG(std::string, ridgefill_online_dir, "",
+          "RidgeFill online calibration: directory of its checkpoint (stats.rfstats) and re-solved "
+          "maps (maps.rfmap); empty: --ridgefill_maps's path + .online");
+ABSL_FLAG(double, ridgefill_online_share, 0.5,
+          "RidgeFill online calibration: share of the served rows in the mixed statistics "
+          "(0: the shipped statistics only, 1: the served only)");
+ABSL_FLAG(int64_t, ridgefill_online_resolve_rows, 8192,
+          "RidgeFill online calibration: served rows between re-solves");
+ABSL_FLAG(int32_t, ridgefill_online_row_stride, 4,
+          "RidgeFill online calibration: every k-th prompt position of exact requests is taken");
 ABSL_FLAG(std::string, host, "127.0.0.1", "address to listen on");
 ABSL_FLAG(int32_t, port, 50051, "gRPC port (0: pick a free one; the log says which)");
 ABSL_FLAG(int32_t, metrics_port, 9400,
@@ -192,6 +214,16 @@ absl::Status CheckFlags() {
   if (!(shadow >= 0 && shadow <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--ridgefill_shadow_fraction must be in [0, 1], got ", shadow));
+  }
+  const double share = absl::GetFlag(FLAGS_ridgefill_online_share);
+  if (!(share >= 0 && share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--ridgefill_online_share must be in [0, 1], got ", share));
+  }
+  if (absl::GetFlag(FLAGS_ridgefill_online_resolve_rows) < 1 ||
+      absl::GetFlag(FLAGS_ridgefill_online_row_stride) < 1) {
+    return absl::InvalidArgumentError(
+        "--ridgefill_online_resolve_rows and --ridgefill_online_row_stride must be >= 1");
   }
   if (!(absl::GetFlag(FLAGS_shutdown_timeout_s) >= 0)) {
     return absl::InvalidArgumentError("--shutdown_timeout_s must be >= 0");
@@ -345,6 +377,51 @@ void Drain(InferenceService& service, grpc::Server& server, const ShutdownSignal
   server.Wait();
 }
 
+// --ridgefill_online_calibration: the calibrator over the shipped maps (which must be there
+// at start) and their statistics; null when off.
+absl::StatusOr<std::unique_ptr<OnlineCalibrator>> OnlineCalibratorFromFlags(Model& model) {
+  if (!absl::GetFlag(FLAGS_ridgefill_online_calibration)) return nullptr;
+  const std::string maps_path = absl::GetFlag(FLAGS_ridgefill_maps);
+  if (maps_path.empty()) {
+    return absl::InvalidArgumentError("--ridgefill_online_calibration needs --ridgefill_maps");
+  }
+  if (model.tensor_parallel() > 1) {
+    return absl::InvalidArgumentError(
+        "--ridgefill_online_calibration is not supported at --tensor_parallel > 1");
+  }
+  if (!std::filesystem::exists(maps_path)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--ridgefill_online_calibration needs the maps ", maps_path,
+                     " and their statistics at start (make maps writes both)"));
+  }
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<MapFile> shipped, OpenRidgeFillMapFile(maps_path, model));
+  std::string base = absl::GetFlag(FLAGS_ridgefill_base_stats);
+  if (base.empty()) base = std::filesystem::path(maps_path).replace_extension(".rfstats");
+  std::string dir = absl::GetFlag(FLAGS_ridgefill_online_dir);
+  if (dir.empty()) dir = maps_path + ".online";
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--ridgefill_online_dir ", dir, ": ", ec.message()));
+  }
+  OnlineCalibrationOptions options;
+  options.checkpoint_path = dir + "/stats.rfstats";
+  options.maps_path = dir + "/maps.rfmap";
+  options.served_share = absl::GetFlag(FLAGS_ridgefill_online_share);
+  options.resolve_rows = absl::GetFlag(FLAGS_ridgefill_online_resolve_rows);
+  options.row_stride = absl::GetFlag(FLAGS_ridgefill_online_row_stride);
+  options.sink_tokens = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<OnlineCalibrator> calibrator,
+                      OnlineCalibrator::Create(*model.llama, shipped->maps().model, shipped->maps(),
+                                               base, options));
+  spdlog::info(
+      "RidgeFill online calibration: every {}th prompt row of exact requests, re-solved every {} "
+      "rows with served share {} over {}; checkpoint and maps in {}",
+      options.row_stride, options.resolve_rows, options.served_share, base, dir);
+  return calibrator;
+}
+
 absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   RS_RETURN_IF_ERROR(CheckFlags());
 
@@ -406,7 +483,16 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
                  absl::ToDoubleSeconds(absl::Now() - draft_start));
   }
 
+  // Before the engine, which hands it rows; stopped before the maps manager goes (below).
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<OnlineCalibrator> online, OnlineCalibratorFromFlags(*model));
+
   EngineOptions engine_options;
+  if (online != nullptr) {
+    engine_options.calibration_rows = {
+        online->depths(), online->first_position(), online->row_stride(),
+        [c = online.get()](std::span<const std::vector<float>> states,
+                           std::span<const int32_t> rows) { c->Take(states, rows); }};
+  }
   engine_options.ridgefill_sink_tokens = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
   engine_options.ridgefill_min_prompt_tokens = absl::GetFlag(FLAGS_ridgefill_min_prompt_tokens);
   engine_options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
@@ -450,6 +536,16 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
     ShutdownSignal& signals;
     ~ClearReloadHandler() { signals.SetReloadHandler(nullptr); }
   } clear_reload_handler{signals};
+  if (online != nullptr) {
+    online->Start([&maps = *maps](const std::string& path) { return maps.LoadFile(path); });
+  }
+  // Before `maps` goes: no re-solve may swap maps in afterwards.
+  struct StopOnline {
+    OnlineCalibrator* calibrator;
+    ~StopOnline() {
+      if (calibrator != nullptr) calibrator->Stop();
+    }
+  } stop_online{online.get()};
 
   ServerOptions options;
   options.backend = absl::GetFlag(FLAGS_backend);
@@ -467,6 +563,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
       [&engine = *engine] { return engine.stats(); },
       {RIDGESERVE_VERSION, model->config.name, options.backend, options.tensor_parallel});
   metrics.SetRidgeFillMaps([&maps = *maps] { return maps.Snapshot(); });
+  if (online != nullptr) metrics.SetRidgeFillOnline([c = online.get()] { return c->status(); });
   RS_RETURN_IF_ERROR(ServeMetrics(metrics));
   std::unique_ptr<RidgeFillShadow> shadow;
   if (const double fraction = absl::GetFlag(FLAGS_ridgefill_shadow_fraction); fraction > 0) {

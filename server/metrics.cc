@@ -74,11 +74,13 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
                  MetricType::Counter, static_cast<double>(s.num_preemptions)),
     };
     if (ridgefill_ != nullptr) AppendRidgeFill(ridgefill_(), families);
+    if (online_ != nullptr) AppendOnline(online_(), families);
     return families;
   }
 
   // Set before the exposer starts scraping.
   std::function<RidgeFillMapsSnapshot()> ridgefill_;
+  std::function<OnlineCalibrationStatus()> online_;
 
  private:
   static void AppendRidgeFill(const RidgeFillMapsSnapshot& m,
@@ -121,6 +123,37 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
     out.push_back(std::move(reloads));
   }
 
+  static void AppendOnline(const OnlineCalibrationStatus& o,
+                           std::vector<prometheus::MetricFamily>& out) {
+    using prometheus::MetricType;
+    out.push_back(OneValue("ridgeserve_ridgefill_online_rows",
+                           "Served prompt rows in the online calibration statistics (checkpoint "
+                           "included).",
+                           MetricType::Gauge, static_cast<double>(o.rows)));
+    out.push_back(OneValue("ridgeserve_ridgefill_online_dropped_rows_total",
+                           "Served rows online calibration left out because its queue was full "
+                           "(the accumulating thread runs at the lowest priority).",
+                           MetricType::Counter, static_cast<double>(o.dropped_rows)));
+    out.push_back(OneValue("ridgeserve_ridgefill_online_accumulate_seconds_total",
+                           "Time online calibration spent adding served rows to its statistics.",
+                           MetricType::Counter, o.accumulate_seconds));
+    prometheus::MetricFamily resolves{"ridgeserve_ridgefill_online_resolves_total",
+                                      "Online re-solves of the RidgeFill maps: swapped in (result "
+                                      "ok) or failed (the maps in use stayed).",
+                                      MetricType::Counter,
+                                      {}};
+    for (const auto& [result, n] :
+         {std::pair{"ok", o.resolves}, std::pair{"failed", o.failed_resolves}}) {
+      prometheus::ClientMetric& c = resolves.metric.emplace_back();
+      c.label.push_back({"result", result});
+      c.counter.value = static_cast<double>(n);
+    }
+    out.push_back(std::move(resolves));
+    out.push_back(OneValue("ridgeserve_ridgefill_online_last_resolve_seconds",
+                           "Duration of the last online re-solve (maps and checkpoint written).",
+                           MetricType::Gauge, o.last_resolve_seconds));
+  }
+
   const std::function<EngineStats()> stats_;
 };
 
@@ -134,6 +167,10 @@ void ServerMetrics::SetRidgeFillMaps(std::function<RidgeFillMapsSnapshot()> snap
     }
     return s;
   };
+}
+
+void ServerMetrics::SetRidgeFillOnline(std::function<OnlineCalibrationStatus()> status) {
+  engine_collector_->online_ = std::move(status);
 }
 
 ServerMetrics::ServerMetrics(std::function<EngineStats()> engine_stats, const BuildInfo& info)

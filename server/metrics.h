@@ -47,6 +47,12 @@
 //   calibrating, loaded, failed), ridgeserve_ridgefill_maps_version (0: none loaded yet),
 //   ridgeserve_ridgefill_calibration_progress_ratio (tokens calibrated / total while
 //   calibrating, else 0) and ridgeserve_ridgefill_maps_reloads_total{result} (ok, refused).
+// - Read from online calibration at scrape time (--ridgefill_online_calibration,
+//   SetRidgeFillOnline): ridgeserve_ridgefill_online_rows (served rows in its statistics),
+//   ridgeserve_ridgefill_online_dropped_rows_total,
+//   ridgeserve_ridgefill_online_accumulate_seconds_total,
+//   ridgeserve_ridgefill_online_resolves_total{result} (ok, failed) and
+//   ridgeserve_ridgefill_online_last_resolve_seconds.
 // - RidgeFill shadow-exact sampling (--ridgefill_shadow_fraction, ridgefill_shadow.h), when a
 //   shadow finishes, by split_layer: ridgeserve_ridgefill_shadow_samples_total,
 //   ridgeserve_ridgefill_shadow_top1_agreement_total (the exact and RidgeFill distributions
@@ -78,6 +84,7 @@
 
 #include "absl/status/status.h"
 #include "engine/engine.h"
+#include "engine/ridgefill/online_calibration.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/histogram.h"
@@ -123,6 +130,8 @@ class ServerMetrics {
 
   // Exports the RidgeFill maps' state (see above), read on every scrape. Before Serve.
   void SetRidgeFillMaps(std::function<RidgeFillMapsSnapshot()> snapshot);
+  // Exports online calibration's state (see above), read on every scrape. Before Serve.
+  void SetRidgeFillOnline(std::function<OnlineCalibrationStatus()> status);
 
   // RidgeFill shadow-exact sampling (see above): one comparison, or one shadow that did not
   // run ("queue" or "displaced").

@@ -19,6 +19,7 @@ v1::RidgeFillMapsInfo ToRidgeFillMapsInfo(const RidgeFillMapsSnapshot& maps) {
   info.set_detail(maps.unavailable);
   info.set_reloads_ok(maps.reloads_ok);
   info.set_reloads_refused(maps.reloads_refused);
+  info.set_path(maps.path);
   return info;
 }
 

@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<RidgeFillMapsManager>> RidgeFillMapsManager::Crea
     return manager;
   }
   if (!FileSignature(options.path).empty()) {
-    RS_RETURN_IF_ERROR(m.Load());
+    RS_RETURN_IF_ERROR(m.Load(options.path));
     m.current_.reloads_ok = 0;  // the start's load is not a reload
   } else {
     m.current_.state = RidgeFillMapsState::kCalibrating;
@@ -102,9 +102,15 @@ void RidgeFillMapsManager::RequestReload(ReloadDone done) {
   cv_.notify_all();
 }
 
-absl::Status RidgeFillMapsManager::Load() {
+absl::Status RidgeFillMapsManager::LoadFile(const std::string& path) {
+  const absl::Status status = Load(path);
+  if (!status.ok()) return Refuse(status, FileSignature(path));
+  return status;
+}
+
+absl::Status RidgeFillMapsManager::Load(const std::string& path) {
+  std::lock_guard<std::mutex> load_lock(load_mu_);
   const absl::Time start = absl::Now();
-  const std::string& path = options_.path;
   RS_ASSIGN_OR_RETURN(std::unique_ptr<MapFile> file, OpenRidgeFillMapFile(path, model_));
   std::vector<int32_t> splits;
   for (const SplitMaps& s : file->maps().splits) splits.push_back(s.split_layer);
@@ -139,6 +145,7 @@ absl::Status RidgeFillMapsManager::Load() {
     c.default_split_layer = default_split;
     c.version = version = c.version + 1;
     c.checksum = file->checksum();
+    c.path = path;
     c.calibrated_tokens = c.calibration_tokens = 0;
     c.unavailable.clear();
     ++c.reloads_ok;
@@ -233,7 +240,7 @@ void RidgeFillMapsManager::Watch() {
       std::lock_guard<std::mutex> lock(mu_);
       if (signature == last_refused_) continue;
     }
-    absl::Status status = Load();
+    absl::Status status = Load(options_.path);
     if (!status.ok()) status = Refuse(status, signature);
     const RidgeFillMapsSnapshot after = Snapshot();
     for (const ReloadDone& done : waiters) done(status, after);

@@ -5,7 +5,8 @@
 //   progress (read from PATH.progress, which scripts/make_maps.sh writes), and the file is
 //   loaded when it appears (written by atomic rename, so never half-written);
 // - RequestReload (SIGHUP, Admin.ReloadRidgeFillMaps) reads the file again; a bad file is
-//   refused with one log line and the maps in use stay.
+//   refused with one log line and the maps in use stay;
+// - LoadFile swaps in another file the same way (online calibration's re-solved maps).
 // Requests take a Snapshot and hold its maps until they finish (EngineRequest's
 // RidgeFillRequest::maps), so a swap never changes the maps of a request in flight, and the
 // engine keys the prefix cache on the maps' id (the file's checksum), so K/V filled by two
@@ -49,6 +50,7 @@ struct RidgeFillMapsSnapshot {
   int32_t default_split_layer = -1;
   uint64_t version = 0;   // 1 for the first maps loaded, +1 for each swap; 0: none yet
   uint64_t checksum = 0;  // the loaded file's XXH64 (the prefix cache's key)
+  std::string path;       // the file they came from: --ridgefill_maps, or online maps
   // Calibration progress (kCalibrating): tokens done / total, from PATH.progress; total 0
   // when unknown.
   int64_t calibrated_tokens = 0;
@@ -90,10 +92,15 @@ class RidgeFillMapsManager {
   // first. Reloads asked for while one runs share the next one.
   void RequestReload(ReloadDone done = nullptr);
 
+  // Loads `path` (online calibration's re-solved maps) as the next version, as a reload would:
+  // on the calling thread (not the engine thread), returning when it is loaded or refused (its
+  // error; the maps in use stay). A later reload reads --ridgefill_maps again.
+  absl::Status LoadFile(const std::string& path);
+
  private:
   RidgeFillMapsManager(Model& model, Engine& engine, Options options);
   // Opens, checks and uploads the file, then swaps it in. Errors leave everything as it was.
-  absl::Status Load();
+  absl::Status Load(const std::string& path);
   void Watch();
   // Counts and logs a refused file (`signature`: FileSignature) and updates the state; returns
   // the logged line as FailedPrecondition.
@@ -104,6 +111,7 @@ class RidgeFillMapsManager {
   Engine& engine_;
   const Options options_;
 
+  std::mutex load_mu_;  // one Load at a time
   mutable std::mutex mu_;
   std::condition_variable cv_;
   RidgeFillMapsSnapshot current_;

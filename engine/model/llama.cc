@@ -173,9 +173,8 @@ absl::Status LlamaModel::PlanRows(const ForwardBatch& input, int32_t num_layers,
     }
   }
   if (!any_fill) return absl::OkStatus();
-  if ((capture != nullptr && !capture->depths.empty()) || num_layers != config_.num_layers) {
-    return absl::InvalidArgumentError(
-        "forward: residual capture or num_layers with filled rows is not supported");
+  if (num_layers != config_.num_layers) {
+    return absl::InvalidArgumentError("forward: num_layers with filled rows is not supported");
   }
   // Exact rows first, then filled rows by descending split, each split's rows by fill: the rows
   // still running full layers at layer l — exact rows and filled rows with split >= l — are then
@@ -255,13 +254,16 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
   }
   RS_RETURN_IF_ERROR(UploadStepMeta(batch));
 
-  // Copies the residual stream (after `depth` layers) into every capture slot asking for it.
+  // Copies the residual stream (after `depth` layers) into every capture slot asking for it:
+  // the rows exact from the start, which stay the first plan.num_exact rows in their input
+  // order (promoted rows join behind them).
+  const int32_t captured_rows = plan.num_exact;
   auto capture_at = [&](int32_t depth) {
     if (capture == nullptr) return;
     for (size_t i = 0; i < capture->depths.size(); ++i) {
       if (capture->depths[i] != depth) continue;
       std::vector<float>& out = capture->states[i];
-      out.resize(static_cast<size_t>(n) * config_.hidden);
+      out.resize(static_cast<size_t>(captured_rows) * config_.hidden);
       backend_.CopyToHost(out.data(), x_.as<float>(), sizeof(float) * out.size());
     }
   };

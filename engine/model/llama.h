@@ -95,11 +95,13 @@ class RowFill {
                        const KvLayerView& kv) const = 0;
 };
 
-// Optional copy of the residual stream during Forward (offline tools: RidgeFill calibration).
-// Depth d is the stream after d layers: the input of layer d (before its input RMSNorm), which
-// is also the output of layer d - 1; depth 0 is the embeddings, depth num_layers the stream
-// before the final norm. Forward fills states[i] with [batch rows, hidden] host floats for
-// depths[i]. Capturing does not change any computed value.
+// Optional copy of the residual stream during Forward (RidgeFill calibration, offline and
+// online). Depth d is the stream after d layers: the input of layer d (before its input
+// RMSNorm), which is also the output of layer d - 1; depth 0 is the embeddings, depth
+// num_layers the stream before the final norm. Forward fills states[i] with [rows, hidden]
+// host floats for depths[i]: every batch row, or with filled rows (ForwardBatch::fill_split)
+// the exact rows only, in batch order (a filled row the fill promotes is not among them).
+// Capturing does not change any computed value.
 //
 // Queries (SpecPC's draft attention scores): the post-RoPE query rows `query_rows` (batch rows)
 // at each layer of `query_layers`; queries[i] is [query_rows.size(), num_heads * head_dim] host
@@ -189,8 +191,8 @@ class LlamaModel {
   // only, other ranks leave it empty). A failed collective (the group aborted) is returned. With
   // `capture`, also copies the residual stream at capture->depths and the queries it asks for
   // (see ForwardCapture). With filled rows (batch.fill_split): logit rows must be exact rows,
-  // every filled row needs a fill that CheckSplit accepts, and residual capture and
-  // num_layers are not supported (InvalidArgument). Exact rows' results are bitwise those of
+  // every filled row needs a fill that CheckSplit accepts, and num_layers is not supported
+  // (InvalidArgument). Exact rows' results are bitwise those of
   // the plain path, and a filled row the fill sends back to exact (SelectExactRows) runs as
   // an exact row.
   // With `profile` and filled rows, layers are timed (the backend is synchronized per layer)

@@ -3,11 +3,15 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/common/status_macros.h"
 
 namespace ridgeserve {
 namespace {
@@ -18,7 +22,8 @@ namespace {
 constexpr int64_t kChunkRows = 512;
 
 // Index of the first non-finite value in [p, p + n), or -1.
-int64_t FirstNonFinite(const float* p, int64_t n) {
+template <typename T>
+int64_t FirstNonFinite(const T* p, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     if (!std::isfinite(p[i])) return i;
   }
@@ -39,7 +44,76 @@ void CentreColumns(double* m, int64_t rows, int64_t cols, std::vector<double>& m
   }
 }
 
+// Whether `size` == a · b (a, b ≥ 0), without overflow.
+bool SizeIs(size_t size, int64_t a, int64_t b) {
+  int64_t product = 0;
+  return !__builtin_mul_overflow(a, b, &product) && static_cast<uint64_t>(product) == size;
+}
+
 }  // namespace
+
+absl::Status ValidateCalibrationStats(const CalibrationStats& s, int64_t seen_rows,
+                                      int64_t first_target_layer) {
+  const auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(parts...));
+  };
+  // "<what> has 7 values, expected 2 × 4" unless size = a · b.
+  const auto check_size = [&](const std::string& what, size_t size, int64_t a,
+                              int64_t b) -> absl::Status {
+    if (SizeIs(size, a, b)) return absl::OkStatus();
+    return bad(what, " has ", size, " values, expected ", a, " × ", b);
+  };
+  const auto check_finite = [&](const std::string& what, const auto& v) -> absl::Status {
+    if (int64_t i = FirstNonFinite(v.data(), static_cast<int64_t>(v.size())); i >= 0) {
+      return bad(what, " is not finite at element ", i);
+    }
+    return absl::OkStatus();
+  };
+  const int64_t d = s.dim;
+  if (d <= 0) return bad("dim ", d, " is not positive");
+  if (seen_rows < 0 || s.rows < 0 || s.holdout_rows < 0 || s.rows > seen_rows - s.holdout_rows) {
+    return bad(s.rows, " training and ", s.holdout_rows, " held-out rows do not fit in the ",
+               seen_rows, " rows seen");
+  }
+  RS_RETURN_IF_ERROR(check_size("mean", s.mean.size(), d, 1));
+  RS_RETURN_IF_ERROR(check_size("Gram", s.gram.size(), d, d));
+  RS_RETURN_IF_ERROR(
+      check_size("hold-out row index", s.holdout_row_index.size(), s.holdout_rows, 1));
+  RS_RETURN_IF_ERROR(check_size("hold-out x", s.holdout_x.size(), s.holdout_rows, d));
+  int64_t previous = -1;
+  for (int64_t i : s.holdout_row_index) {
+    if (i <= previous || i >= seen_rows) {
+      return bad("hold-out row index ", i, " not ascending or not in [0, ", seen_rows, ")");
+    }
+    previous = i;
+  }
+  RS_RETURN_IF_ERROR(check_finite("mean", s.mean));
+  RS_RETURN_IF_ERROR(check_finite("Gram", s.gram));
+  RS_RETURN_IF_ERROR(check_finite("hold-out x", s.holdout_x));
+  for (int64_t i = 0; i < d; ++i) {
+    for (int64_t j = 0; j < i; ++j) {
+      if (s.gram[i * d + j] != s.gram[j * d + i]) {
+        return bad("Gram is not symmetric at (", i, ", ", j, ")");
+      }
+    }
+  }
+  for (size_t t = 0; t < s.targets.size(); ++t) {
+    const CalibrationStats::Target& target = s.targets[t];
+    const std::string name =
+        first_target_layer >= 0
+            ? absl::StrCat("target layer ", first_target_layer + static_cast<int64_t>(t))
+            : absl::StrCat("target ", t);
+    if (target.dim <= 0) return bad(name, ": dim ", target.dim, " is not positive");
+    RS_RETURN_IF_ERROR(check_size(name + " mean", target.mean.size(), target.dim, 1));
+    RS_RETURN_IF_ERROR(check_size(name + " cross", target.cross.size(), target.dim, d));
+    RS_RETURN_IF_ERROR(
+        check_size(name + " hold-out y", target.holdout_y.size(), s.holdout_rows, target.dim));
+    RS_RETURN_IF_ERROR(check_finite(name + " mean", target.mean));
+    RS_RETURN_IF_ERROR(check_finite(name + " cross", target.cross));
+    RS_RETURN_IF_ERROR(check_finite(name + " hold-out y", target.holdout_y));
+  }
+  return absl::OkStatus();
+}
 
 CalibrationAccumulator::CalibrationAccumulator(int64_t dim, std::vector<int64_t> target_dims,
                                                HoldoutOptions holdout)
@@ -198,6 +272,67 @@ void CalibrationAccumulator::ThinHoldout() {
     for (size_t t = 0; t < num_targets; ++t) y_ptrs[t] = ry[t].data();
     MergeBatch(rx.data(), y_ptrs, released);
   }
+}
+
+absl::Status CalibrationAccumulator::Restore(const CalibrationStats& stats, int64_t seen_rows,
+                                             int64_t holdout_stride) {
+  const auto bad = [](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("calibration checkpoint: ", parts...));
+  };
+  bool same_dims = stats.dim == dim_ && stats.targets.size() == target_dims_.size();
+  for (size_t t = 0; same_dims && t < target_dims_.size(); ++t) {
+    same_dims = stats.targets[t].dim == target_dims_[t];
+  }
+  if (!same_dims) {
+    std::vector<int64_t> dims;
+    for (const CalibrationStats::Target& t : stats.targets) dims.push_back(t.dim);
+    return bad("dim ", stats.dim, " and target dims [", absl::StrJoin(dims, ", "),
+               "], the accumulator has ", dim_, " and [", absl::StrJoin(target_dims_, ", "), "]");
+  }
+  if (absl::Status s = ValidateCalibrationStats(stats, seen_rows); !s.ok()) {
+    return bad(s.message());
+  }
+  // The strides an accumulator with these options passes through: holdout_every · 2^k.
+  const int64_t every = holdout_.holdout_every;
+  const bool stride_ok =
+      every == 0 ? holdout_stride == 0
+                 : holdout_stride >= every && holdout_stride % every == 0 &&
+                       std::has_single_bit(static_cast<uint64_t>(holdout_stride / every));
+  if (!stride_ok) {
+    return bad("hold-out stride ", holdout_stride, " is not ", every, every == 0 ? "" : " · 2^k",
+               " (the accumulator's holdout_every)");
+  }
+  // Thinning keeps exactly the rows i < seen_rows with (i + 1) % stride == 0, never more than
+  // max_holdout_rows of them, and trains on every other row.
+  const int64_t held = holdout_stride == 0 ? 0 : seen_rows / holdout_stride;
+  if (stats.holdout_rows != held || stats.rows != seen_rows - held) {
+    return bad(stats.rows, " training and ", stats.holdout_rows, " held-out rows; after ",
+               seen_rows, " rows at stride ", holdout_stride, " the accumulator holds ", held,
+               " and trains on ", seen_rows - held);
+  }
+  if (held > holdout_.max_holdout_rows) {
+    return bad(held, " held-out rows, more than max_holdout_rows ", holdout_.max_holdout_rows);
+  }
+  for (int64_t h = 0; h < held; ++h) {
+    if (stats.holdout_row_index[h] != (h + 1) * holdout_stride - 1) {
+      return bad("held-out row ", h, " is row ", stats.holdout_row_index[h], ", not ",
+                 (h + 1) * holdout_stride - 1, " as stride ", holdout_stride, " selects");
+    }
+  }
+
+  holdout_stride_ = holdout_stride;
+  total_rows_ = seen_rows;
+  train_rows_ = stats.rows;
+  mean_ = stats.mean;
+  gram_upper_ = stats.gram;  // symmetric; only the upper triangle is read and updated
+  for (size_t t = 0; t < target_dims_.size(); ++t) {
+    y_mean_[t] = stats.targets[t].mean;
+    cross_[t] = stats.targets[t].cross;
+    holdout_y_[t] = stats.targets[t].holdout_y;
+  }
+  holdout_index_ = stats.holdout_row_index;
+  holdout_x_ = stats.holdout_x;
+  return absl::OkStatus();
 }
 
 CalibrationStats CalibrationAccumulator::Finish() const {

@@ -27,6 +27,10 @@
 // are moved into the training moments, so the held-out set always spans the whole
 // calibration stream evenly (not just its beginning) and no row is ever lost. The result
 // depends only on the row order and the options, never on how rows were split into batches.
+//
+// Checkpoints: Finish(), total_rows() and holdout_stride() are the whole state, so an
+// accumulator with the same options continues from them (Restore) as if it had seen every
+// row itself; stats_file.h keeps them on disk (the server's online calibration).
 #ifndef RIDGESERVE_ENGINE_RIDGEFILL_CALIBRATION_STATS_H_
 #define RIDGESERVE_ENGINE_RIDGEFILL_CALIBRATION_STATS_H_
 
@@ -64,6 +68,14 @@ struct CalibrationStats {
   std::vector<float> holdout_x;            // [holdout_rows, d], as given
 };
 
+// Checks that `stats` is consistent in itself, as Finish() of an accumulator that saw
+// `seen_rows` rows leaves it: dim and every d_l > 0; the array sizes above; 0 ≤ rows and
+// rows + holdout_rows ≤ seen_rows; hold-out indices strictly ascending in [0, seen_rows);
+// G exactly symmetric; every value finite. InvalidArgument naming the array (and target t, as
+// "layer first_target_layer + t" when first_target_layer ≥ 0) at fault.
+absl::Status ValidateCalibrationStats(const CalibrationStats& stats, int64_t seen_rows,
+                                      int64_t first_target_layer = -1);
+
 // Streams rows into CalibrationStats. Not thread-safe: one thread calls AddRows (the
 // calibration forward pass); Finish may be called any number of times, between AddRows too.
 class CalibrationAccumulator {
@@ -78,7 +90,20 @@ class CalibrationAccumulator {
   absl::Status AddRows(const float* x, int64_t rows, std::span<const float* const> ys);
 
   int64_t total_rows() const { return total_rows_; }
+  // The current hold-out stride: holdout_every · 2^k after k thinnings (0: no hold-out).
+  int64_t holdout_stride() const { return holdout_stride_; }
   CalibrationStats Finish() const;
+
+  // Replaces the whole state with a checkpoint: `stats` = Finish(), `seen_rows` =
+  // total_rows() and `holdout_stride` = holdout_stride() of an accumulator with the same
+  // dims and options. Finish() then returns `stats` exactly, and further rows give what one
+  // accumulator fed every row would (moments up to rounding; the same held-out rows).
+  // InvalidArgument, leaving the state unchanged, when the dims or target dims differ, the
+  // stride is not holdout_every · 2^k (0 when holdout_every is 0), or the checkpoint is not
+  // one such an accumulator could hold: array sizes, rows + held rows ≠ seen_rows, held rows
+  // other than every row i < seen_rows with (i + 1) % stride == 0, or more than
+  // max_holdout_rows of them.
+  absl::Status Restore(const CalibrationStats& stats, int64_t seen_rows, int64_t holdout_stride);
 
  private:
   // Merges `rows` training rows (double, row-major: x [rows, d], ys[t] [rows, d_t]) into the

@@ -1,11 +1,7 @@
 #include "engine/ridgefill/map_file.h"
 
 #include <algorithm>
-#include <bit>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <set>
 #include <utility>
 
@@ -13,138 +9,28 @@
 #include "absl/strings/str_format.h"
 #include "engine/common/status_macros.h"
 #include "engine/model/mapped_file.h"
+#include "engine/ridgefill/binary_io.h"
 #include "engine/ridgefill/xxh64.h"
 
 namespace ridgeserve {
 namespace {
 
-static_assert(std::endian::native == std::endian::little,
-              "the map file is little-endian and read in place");
+using binary_io::kArrayRefSize;
 
-constexpr char kMagic[8] = {'R', 'F', 'M', 'A', 'P', 0, 0, 0};
-constexpr char kTrailerMagic[8] = {'R', 'F', 'M', 'A', 'P', 'E', 'N', 'D'};
-constexpr uint64_t kHeaderSize = 64;
-constexpr uint64_t kTrailerSize = 16;
-constexpr uint64_t kAlign = 64;
+constexpr binary_io::Format kFormat = {{'R', 'F', 'M', 'A', 'P', 0, 0, 0},
+                                       {'R', 'F', 'M', 'A', 'P', 'E', 'N', 'D'},
+                                       kMapFileVersion,
+                                       "map file"};
 constexpr uint32_t kDtypeF32 = 0;
 // Fixed metadata sizes, for bounding counts read from a file before allocating.
-constexpr uint64_t kArrayRefSize = 16;
 constexpr uint64_t kSplitRecordSize = 16 + 2 * kArrayRefSize;
 constexpr uint64_t kTargetRecordSize = 32 + 3 * kArrayRefSize;
 
-uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+std::string ErrorPrefix(const std::string& path) { return absl::StrCat("map file ", path); }
 
-std::string Hex(uint64_t v) { return absl::StrFormat("%016x", v); }
-
-std::string Describe(const ModelFingerprint& m) {
-  return absl::StrCat("'", m.model_name, "' (fingerprint ", Hex(m.hash), ", ", m.num_layers,
-                      " layers, hidden ", m.hidden, ")");
-}
-
-// ---- Writing -------------------------------------------------------------------------------
-
-// Little-endian encoder into a byte string (the metadata block).
-class Encoder {
- public:
-  void U32(uint32_t v) { Raw(&v, 4); }
-  void U64(uint64_t v) { Raw(&v, 8); }
-  void F32(float v) { Raw(&v, 4); }
-  void Raw(const void* p, size_t n) { bytes_.append(static_cast<const char*>(p), n); }
-  const std::string& bytes() const { return bytes_; }
-
- private:
-  std::string bytes_;
-};
-
-// Writes to a FILE*, hashing and counting every byte; the first failure sticks.
-class HashingWriter {
- public:
-  explicit HashingWriter(std::FILE* f) : f_(f) {}
-  void Write(const void* p, size_t n) {
-    if (!ok_ || n == 0) return;
-    hash_.Update(p, n);
-    pos_ += n;
-    ok_ = std::fwrite(p, 1, n, f_) == n;
-  }
-  void PadTo(uint64_t offset) {
-    static constexpr char kZeros[kAlign] = {};
-    while (pos_ < offset) Write(kZeros, std::min<uint64_t>(kAlign, offset - pos_));
-  }
-  bool ok() const { return ok_; }
-  uint64_t pos() const { return pos_; }
-  uint64_t digest() const { return hash_.Digest(); }
-
- private:
-  std::FILE* f_;
-  Xxh64 hash_;
-  uint64_t pos_ = 0;
-  bool ok_ = true;
-};
-
-struct PlacedArray {
-  std::span<const float> data;
-  uint64_t offset;
-};
-
-// ---- Reading -------------------------------------------------------------------------------
-
-// Bounds-checked little-endian reads over the metadata block.
-class Decoder {
- public:
-  Decoder(const uint8_t* p, uint64_t size) : p_(p), size_(size) {}
-  uint64_t remaining() const { return size_ - pos_; }
-  bool U32(uint32_t& v) { return Raw(&v, 4); }
-  bool U64(uint64_t& v) { return Raw(&v, 8); }
-  bool F32(float& v) { return Raw(&v, 4); }
-  bool Raw(void* out, uint64_t n) {
-    if (n > remaining()) return false;
-    std::memcpy(out, p_ + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool String(uint64_t n, std::string& out) {
-    if (n > remaining()) return false;
-    out.assign(reinterpret_cast<const char*>(p_ + pos_), n);
-    pos_ += n;
-    return true;
-  }
-
- private:
-  const uint8_t* p_;
-  uint64_t size_;
-  uint64_t pos_ = 0;
-};
-
-struct FileView {
-  const std::string& path;
-  const uint8_t* base;
-  uint64_t data_offset;
-  uint64_t payload_end;  // first byte of the trailer
-
-  absl::Status Error(absl::string_view what) const {
-    return absl::DataLossError(absl::StrCat("map file ", path, ": ", what));
-  }
-
-  // Resolves an array reference to a view into the file, checking it lies inside the data.
-  absl::StatusOr<std::span<const float>> Array(Decoder& dec, const std::string& what) const {
-    uint64_t offset = 0, count = 0;
-    if (!dec.U64(offset) || !dec.U64(count)) return Error("metadata ends early");
-    if (count == 0) {
-      if (offset != 0) return Error(absl::StrCat(what, ": empty array with offset ", offset));
-      return std::span<const float>();
-    }
-    if (offset % kAlign != 0 || offset < data_offset || offset > payload_end ||
-        count > (payload_end - offset) / sizeof(float)) {
-      return Error(absl::StrCat(what, ": array of ", count, " floats at offset ", offset,
-                                " lies outside the data section [", data_offset, ", ", payload_end,
-                                ")"));
-    }
-    return std::span<const float>(reinterpret_cast<const float*>(base + offset), count);
-  }
-};
-
-absl::StatusOr<MapSet> ParseMetadata(const FileView& view, Decoder& dec) {
-  const auto early = [&] { return view.Error("metadata ends early"); };
+absl::StatusOr<MapSet> ParseMetadata(binary_io::DataSection& data, binary_io::Decoder& dec,
+                                     absl::string_view error_prefix) {
+  const auto early = [&] { return data.Error("metadata ends early"); };
   MapSet maps;
   uint32_t num_layers, hidden, kv_heads, head_dim, kind, dtype, name_len, num_splits;
   if (!dec.U64(maps.model.hash) || !dec.U32(num_layers) || !dec.U32(hidden) || !dec.U32(kv_heads) ||
@@ -153,7 +39,7 @@ absl::StatusOr<MapSet> ParseMetadata(const FileView& view, Decoder& dec) {
   }
   constexpr uint32_t kMaxI32 = std::numeric_limits<int32_t>::max();
   if (num_layers > kMaxI32 || hidden > kMaxI32 || kv_heads > kMaxI32 || head_dim > kMaxI32) {
-    return view.Error("model dimensions out of range");
+    return data.Error("model dimensions out of range");
   }
   maps.model.num_layers = static_cast<int32_t>(num_layers);
   maps.model.hidden = static_cast<int32_t>(hidden);
@@ -161,12 +47,12 @@ absl::StatusOr<MapSet> ParseMetadata(const FileView& view, Decoder& dec) {
   maps.head_dim = static_cast<int32_t>(head_dim);
   if (kind > static_cast<uint32_t>(MapTarget::kKv)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("map file ", view.path, ": unknown map target kind ", kind));
+        absl::StrCat(error_prefix, ": unknown map target kind ", kind));
   }
   maps.kind = static_cast<MapTarget>(kind);
   if (dtype != kDtypeF32) {
     return absl::InvalidArgumentError(
-        absl::StrCat("map file ", view.path, ": unsupported dtype ", dtype, " (only f32)"));
+        absl::StrCat(error_prefix, ": unsupported dtype ", dtype, " (only f32)"));
   }
   if (!dec.String(name_len, maps.model.model_name) || !dec.U32(num_splits)) return early();
   if (num_splits > dec.remaining() / kSplitRecordSize) return early();
@@ -181,9 +67,9 @@ absl::StatusOr<MapSet> ParseMetadata(const FileView& view, Decoder& dec) {
     split.split_layer = static_cast<int32_t>(std::min(layer, kMaxI32));
     const std::string where = absl::StrCat("split ", layer);
     RS_ASSIGN_OR_RETURN(split.leverage_inverse,
-                        view.Array(dec, absl::StrCat(where, " leverage inverse")));
+                        data.View<float>(dec, absl::StrCat(where, " leverage inverse")));
     RS_ASSIGN_OR_RETURN(split.leverage_mean,
-                        view.Array(dec, absl::StrCat(where, " leverage mean")));
+                        data.View<float>(dec, absl::StrCat(where, " leverage mean")));
     if (num_targets > dec.remaining() / kTargetRecordSize) return early();
     split.targets.resize(num_targets);
     for (TargetMap& t : split.targets) {
@@ -197,13 +83,13 @@ absl::StatusOr<MapSet> ParseMetadata(const FileView& view, Decoder& dec) {
       t.layer = static_cast<int32_t>(std::min(tl, kMaxI32));
       t.out_dim = static_cast<int32_t>(std::min(out_dim, kMaxI32));
       const std::string twhere = absl::StrCat(where, " layer ", tl);
-      RS_ASSIGN_OR_RETURN(t.weight, view.Array(dec, absl::StrCat(twhere, " W")));
-      RS_ASSIGN_OR_RETURN(t.bias, view.Array(dec, absl::StrCat(twhere, " b")));
-      RS_ASSIGN_OR_RETURN(t.key_scale, view.Array(dec, absl::StrCat(twhere, " key scale")));
+      RS_ASSIGN_OR_RETURN(t.weight, data.View<float>(dec, absl::StrCat(twhere, " W")));
+      RS_ASSIGN_OR_RETURN(t.bias, data.View<float>(dec, absl::StrCat(twhere, " b")));
+      RS_ASSIGN_OR_RETURN(t.key_scale, data.View<float>(dec, absl::StrCat(twhere, " key scale")));
     }
   }
   if (dec.remaining() != 0) {
-    return view.Error(absl::StrCat(dec.remaining(), " unread bytes after the metadata"));
+    return data.Error(absl::StrCat(dec.remaining(), " unread bytes after the metadata"));
   }
   return maps;
 }
@@ -265,6 +151,16 @@ uint64_t TensorTableHash(const TensorSource& source) {
 ModelFingerprint ComputeModelFingerprint(const TensorSource& source, std::string model_name,
                                          int32_t num_layers, int32_t hidden) {
   return ModelFingerprint{TensorTableHash(source), std::move(model_name), num_layers, hidden};
+}
+
+bool SameModel(const ModelFingerprint& made_for, const ModelFingerprint& loaded) {
+  return made_for.hash == loaded.hash && made_for.num_layers == loaded.num_layers &&
+         made_for.hidden == loaded.hidden;
+}
+
+std::string DescribeModel(const ModelFingerprint& m) {
+  return absl::StrCat("'", m.model_name, "' (fingerprint ", absl::StrFormat("%016x", m.hash), ", ",
+                      m.num_layers, " layers, hidden ", m.hidden, ")");
 }
 
 absl::Status ValidateMapSet(const MapSet& maps) {
@@ -335,30 +231,18 @@ absl::Status ValidateMapSet(const MapSet& maps) {
 }
 
 absl::Status WriteMapFile(const std::string& path, const MapSet& maps) {
+  const std::string prefix = ErrorPrefix(path);
   if (absl::Status s = ValidateMapSet(maps); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("map file ", path, ": ", s.message()));
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ": ", s.message()));
   }
   // Metadata size does not depend on the offsets, so lay out the data section first.
   uint64_t meta_size = 8 + 4 * 6 + 4 + maps.model.model_name.size() + 4;
   for (const SplitMaps& split : maps.splits) {
     meta_size += kSplitRecordSize + split.targets.size() * kTargetRecordSize;
   }
-  const uint64_t data_offset = AlignUp(kHeaderSize + meta_size);
-  std::vector<PlacedArray> arrays;
-  uint64_t end = data_offset;
-  Encoder meta;
-  const auto place = [&](std::span<const float> a) {
-    if (a.empty()) {
-      meta.U64(0);
-      meta.U64(0);
-      return;
-    }
-    const uint64_t offset = AlignUp(end);
-    arrays.push_back({a, offset});
-    end = offset + a.size_bytes();
-    meta.U64(offset);
-    meta.U64(a.size());
-  };
+  binary_io::ArrayLayout arrays(binary_io::AlignUp(binary_io::kHeaderSize + meta_size));
+  binary_io::Encoder meta;
+  const auto place = [&](std::span<const float> a) { arrays.Place(a, meta); };
   meta.U64(maps.model.hash);
   meta.U32(maps.model.num_layers);
   meta.U32(maps.model.hidden);
@@ -387,136 +271,35 @@ absl::Status WriteMapFile(const std::string& path, const MapSet& maps) {
       place(t.key_scale);
     }
   }
-  if (meta.bytes().size() != meta_size) {
-    return absl::InternalError("map file metadata size mismatch");  // a bug in this file
-  }
-  const uint64_t file_size = end + kTrailerSize;
-
-  Encoder header;
-  header.Raw(kMagic, 8);
-  header.U32(kMapFileVersion);
-  header.U32(kHeaderSize);
-  header.U64(file_size);
-  header.U64(kHeaderSize);
-  header.U64(meta_size);
-  header.U64(data_offset);
-  header.U64(0);
-  header.U64(0);
-
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("map file ", path, ": cannot create ", tmp, ": ", std::strerror(errno)));
-  }
-  HashingWriter w(f);
-  w.Write(header.bytes().data(), header.bytes().size());
-  w.Write(meta.bytes().data(), meta.bytes().size());
-  for (const PlacedArray& a : arrays) {
-    w.PadTo(a.offset);
-    w.Write(a.data.data(), a.data.size_bytes());
-  }
-  const uint64_t digest = w.digest();
-  w.Write(&digest, 8);
-  w.Write(kTrailerMagic, 8);
-  const bool written = w.ok() && w.pos() == file_size;
-  const int write_errno = errno;
-  const bool closed = std::fclose(f) == 0;
-  if (!written || !closed) {
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(absl::StrCat(
-        "map file ", path, ": write failed: ", std::strerror(written ? errno : write_errno)));
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("map file ", path, ": rename from ", tmp, " failed: ", std::strerror(e)));
-  }
-  return absl::OkStatus();
+  return binary_io::WriteContainer(path, prefix, kFormat, meta, arrays);
 }
 
 absl::StatusOr<std::unique_ptr<MapFile>> MapFile::OpenImpl(const std::string& path,
                                                            const MapFileExpectations* expected) {
-  RS_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
-  const uint8_t* base = file->data();
-  const uint64_t size = file->size();
-  const auto data_loss = [&](auto&&... parts) {
-    return absl::DataLossError(absl::StrCat("map file ", path, ": ", parts...));
-  };
-  const auto invalid = [&](auto&&... parts) {
-    return absl::InvalidArgumentError(absl::StrCat("map file ", path, ": ", parts...));
-  };
-  const auto u32_at = [&](uint64_t off) {
-    uint32_t v;
-    std::memcpy(&v, base + off, 4);
-    return v;
-  };
-  const auto u64_at = [&](uint64_t off) {
-    uint64_t v;
-    std::memcpy(&v, base + off, 8);
-    return v;
-  };
-
-  if (size < sizeof(kMagic)) return data_loss("truncated: ", size, " bytes, no header");
-  if (std::memcmp(base, kMagic, sizeof(kMagic)) != 0) {
-    return invalid("not a RidgeFill map file (bad magic)");
-  }
-  if (size < 12) return data_loss("truncated: ", size, " bytes, no version");
-  if (const uint32_t version = u32_at(8); version != kMapFileVersion) {
-    return invalid("unsupported map file version ", version, " (this build reads version ",
-                   kMapFileVersion, ")");
-  }
-  if (size < kHeaderSize + kTrailerSize) {
-    return data_loss("truncated: ", size, " bytes, smaller than header and trailer");
-  }
-  const uint64_t declared_size = u64_at(16);
-  if (declared_size != size) {
-    return data_loss(declared_size > size ? "truncated: " : "trailing bytes: ", "header says ",
-                     declared_size, " bytes, the file has ", size);
-  }
-  const uint64_t payload_end = size - kTrailerSize;
-  if (std::memcmp(base + payload_end + 8, kTrailerMagic, sizeof(kTrailerMagic)) != 0) {
-    return data_loss("trailer missing or damaged");
-  }
-  const uint64_t stored = u64_at(payload_end);
-  const uint64_t computed = Xxh64Hash(base, payload_end);
-  if (stored != computed) {
-    return data_loss("checksum mismatch (stored ", Hex(stored), ", computed ", Hex(computed),
-                     "): the file is corrupted");
-  }
-  // The checksum vouches for the bytes, not for the writer: check the layout anyway.
-  const uint32_t header_size = u32_at(12);
-  const uint64_t meta_offset = u64_at(24);
-  const uint64_t meta_size = u64_at(32);
-  const uint64_t data_offset = u64_at(40);
-  if (header_size != kHeaderSize || meta_offset != kHeaderSize ||
-      meta_size > payload_end - meta_offset || data_offset % kAlign != 0 ||
-      data_offset < meta_offset + meta_size || data_offset > payload_end) {
-    return data_loss("malformed header (metadata at ", meta_offset, " size ", meta_size,
-                     ", data at ", data_offset, ", ", size, " bytes in all)");
-  }
-  FileView view{path, base, data_offset, payload_end};
-  Decoder dec(base + meta_offset, meta_size);
-  RS_ASSIGN_OR_RETURN(MapSet maps, ParseMetadata(view, dec));
+  const std::string prefix = ErrorPrefix(path);
+  RS_ASSIGN_OR_RETURN(binary_io::Container c, binary_io::OpenContainer(path, prefix, kFormat));
+  binary_io::DataSection data(c, prefix, binary_io::DataSection::Order::kAny);
+  binary_io::Decoder dec = c.Metadata();
+  RS_ASSIGN_OR_RETURN(MapSet maps, ParseMetadata(data, dec, prefix));
 
   if (expected != nullptr) {
     const ModelFingerprint& want = expected->model;
-    if (maps.model.hash != want.hash || maps.model.num_layers != want.num_layers ||
-        maps.model.hidden != want.hidden) {
+    if (!SameModel(maps.model, want)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("map file ", path, " was made for model ", Describe(maps.model),
-                       ", but the loaded model is ", Describe(want)));
+          absl::StrCat(prefix, " was made for model ", DescribeModel(maps.model),
+                       ", but the loaded model is ", DescribeModel(want)));
     }
     if ((expected->num_kv_heads != 0 && maps.num_kv_heads != expected->num_kv_heads) ||
         (expected->head_dim != 0 && maps.head_dim != expected->head_dim)) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "map file ", path, ": made for ", maps.num_kv_heads, " KV heads of dim ", maps.head_dim,
+          prefix, ": made for ", maps.num_kv_heads, " KV heads of dim ", maps.head_dim,
           ", the loaded model has ", expected->num_kv_heads, " of dim ", expected->head_dim));
     }
   }
-  if (absl::Status s = ValidateMapSet(maps); !s.ok()) return invalid(s.message());
-  return std::unique_ptr<MapFile>(new MapFile(std::move(file), std::move(maps), stored));
+  if (absl::Status s = ValidateMapSet(maps); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, ": ", s.message()));
+  }
+  return std::unique_ptr<MapFile>(new MapFile(std::move(c.file), std::move(maps), c.checksum));
 }
 
 absl::StatusOr<std::unique_ptr<MapFile>> MapFile::Open(const std::string& path,

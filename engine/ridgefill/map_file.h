@@ -1,8 +1,9 @@
 // The RidgeFill map file: the fitted maps W_l, b_l for one or more split layers of one
 // model, with what the engine needs to check that they fit the loaded model.
 //
-// Format, version 1. Little-endian throughout; every float array starts at a file offset
-// that is a multiple of 64, so a mapped file can be used in place.
+// Format, version 1, in the container it shares with the statistics file (binary_io.h).
+// Little-endian throughout; every float array starts at a file offset that is a multiple of
+// 64, so a mapped file can be used in place.
 //
 //   [0, 64)  header
 //     char[8] magic "RFMAP\0\0\0"       u32 version (1)          u32 header size (64)
@@ -70,6 +71,10 @@ struct ModelFingerprint {
 uint64_t TensorTableHash(const TensorSource& source);
 ModelFingerprint ComputeModelFingerprint(const TensorSource& source, std::string model_name,
                                          int32_t num_layers, int32_t hidden);
+// Whether a file made for `made_for` fits `loaded` (hash, num_layers and hidden agree).
+bool SameModel(const ModelFingerprint& made_for, const ModelFingerprint& loaded);
+// "'name' (fingerprint 0123456789abcdef, 30 layers, hidden 576)", for error messages.
+std::string DescribeModel(const ModelFingerprint& m);
 
 // Quality measured at calibration time; NaN when not measured.
 struct MapDiagnostics {

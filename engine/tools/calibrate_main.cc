@@ -3,7 +3,7 @@
 //
 //   ridgeserve-calibrate --model M --text FILE[,FILE...] --split_layers 14,18,22 --out F.rfmap
 //       [--max_tokens N] [--lambda auto|X] [--window 2048] [--map_target pre_norm|post_norm|kv]
-//       [--key_scale off|on]
+//       [--key_scale off|on] [--stats_out F.rfstats]
 //   ridgeserve-calibrate --check F.rfmap --model M
 //
 // Calibration: one exact forward pass over the text in windows of --window tokens (each window
@@ -25,7 +25,8 @@
 // Note: with λ chosen by K/V error, post_norm and kv give the same K/V map: ridge regression
 // is equivariant under a linear map of the targets (W_kv = P W_post for the layer's K/V rows
 // P), so they differ only by rounding; pre_norm differs (the RMSNorm after the map).
-// Output: the map file(s), a per-layer table on stderr, one JSON summary on stdout.
+// Output: the map file(s), a per-layer table on stderr, one JSON summary on stdout; with
+// --stats_out the statistics too (stats_file.h), for the server's online calibration.
 // --check: opens the map file against the model's fingerprint and prints its summary JSON;
 // exit 1 with one line naming the file when it does not fit.
 #include <cblas.h>
@@ -66,6 +67,7 @@
 #include "engine/ridgefill/map_file.h"
 #include "engine/ridgefill/map_fit.h"
 #include "engine/ridgefill/ridge_solver.h"
+#include "engine/ridgefill/stats_file.h"
 #include "engine/tools/tool_util.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "nlohmann/json.hpp"
@@ -97,6 +99,10 @@ ABSL_FLAG(std::string, cpu_activations, "f32",
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: f32, bf16, f16 (rounded to nearest even when stored, widened "
           "exactly when read) or auto (the backend's default: f16 on the CPU)");
+ABSL_FLAG(std::string, stats_out, "",
+          "also write the calibration statistics (without held-out rows) to this file, the base "
+          "that the server's --ridgefill_online_calibration mixes served rows into; {target} is "
+          "replaced as in --out");
 ABSL_FLAG(std::string, check, "", "map file to check against --model (prints its summary)");
 
 namespace ridgeserve {
@@ -221,6 +227,7 @@ class Calibrator {
     RS_RETURN_IF_ERROR(ReadWindows());
     PlanStatistics();
     RS_RETURN_IF_ERROR(Pass());
+    RS_RETURN_IF_ERROR(WriteStats());
     RS_RETURN_IF_ERROR(Solve());
     return WriteMaps();
   }
@@ -443,6 +450,35 @@ class Calibrator {
     }
     pass_seconds_ = SecondsSince(start);
     openblas_set_num_threads(threads_);
+    return absl::OkStatus();
+  }
+
+  // --stats_out: one statistics file per kind, every split, held-out rows left out (the server
+  // chooses λ on served rows; they would make the file several times larger).
+  absl::Status WriteStats() const {
+    const std::string pattern = absl::GetFlag(FLAGS_stats_out);
+    if (pattern.empty()) return absl::OkStatus();
+    if (kinds_.size() > 1 && pattern.find("{target}") == std::string::npos) {
+      return absl::InvalidArgumentError(
+          "--stats_out: several --map_target values need {target} in it");
+    }
+    for (size_t k = 0; k < kinds_.size(); ++k) {
+      StatsSet set{id_.fingerprint, kinds_[k], {}};
+      for (size_t i = 0; i < splits_.size(); ++i) {
+        const CalibrationAccumulator& acc = statistics_->accumulator(k, i);
+        CalibrationStats stats = acc.Finish();
+        stats.holdout_rows = 0;
+        stats.holdout_row_index.clear();
+        stats.holdout_x.clear();
+        for (CalibrationStats::Target& t : stats.targets) t.holdout_y.clear();
+        set.splits.push_back(
+            SplitStats{splits_[i], acc.total_rows(), acc.holdout_stride(), std::move(stats)});
+      }
+      const std::string path =
+          absl::StrReplaceAll(pattern, {{"{target}", std::string(MapTargetName(kinds_[k]))}});
+      RS_RETURN_IF_ERROR(WriteStatsFile(path, set));
+      std::fprintf(stderr, "calibrate: statistics written to %s\n", path.c_str());
+    }
     return absl::OkStatus();
   }
 

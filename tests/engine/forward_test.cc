@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/kv/paged_kv_cache.h"
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
 #include "tests/engine/default_model_fixture.h"
@@ -186,6 +187,68 @@ TEST_F(ForwardTest, FilledRowsSentBackToExactRunAsExactRows) {
   const RidgeFillRun no_fill{split, rows, nullptr};
   EXPECT_EQ(runner.Append(tokens, 64, false, logits, &no_fill).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Residual capture in a batch with filled rows (online calibration takes exact requests' rows
+// from such batches): the states hold the rows exact from the start, in batch order, and each is
+// bitwise what the same sequence gives in a batch of its own; promoted rows are not among them.
+TEST_F(ForwardTest, ResidualCaptureWithFilledRowsHoldsTheExactRowsOnly) {
+  LlamaModel& llama = *model_->llama;
+  const ModelConfig& c = model_->config;
+  const int32_t split = 10;
+  const std::vector<int32_t> a = RandomTokens(24, 11), b = RandomTokens(32, 12);
+  std::vector<uint8_t> b_filled(b.size(), 0);
+  std::fill(b_filled.begin() + 4, b_filled.end() - 4, uint8_t{1});  // 24 filled, 8 exact
+  const IdentityFill every_second_back(2);
+  const std::vector<int32_t> depths = {0, split + 1, 20, c.num_layers};
+  // One forward over the sequences given; fill rows of b as b_filled says when `fill_b`.
+  auto run = [&](bool with_a, bool with_b, bool fill_b) {
+    auto cache = PagedKvCache::Create(
+        *backend_,
+        KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, 16, 8, llama.kv_cache_dtype()});
+    EXPECT_TRUE(cache.ok()) << cache.status();
+    BlockTable ta, tb;
+    EXPECT_TRUE(ta.Reserve(cache->pool(), 32, 16).ok());
+    EXPECT_TRUE(tb.Reserve(cache->pool(), 32, 16).ok());
+    ForwardBatch batch;
+    if (with_a) batch.AddSequence(ta, 16, a, 0, false);
+    if (with_b) {
+      const int32_t row0 = batch.num_rows();
+      batch.AddSequence(tb, 16, b, 0, true);
+      if (fill_b) {
+        batch.fill_split.assign(batch.num_rows(), -1);
+        batch.row_fill.assign(batch.num_rows(), nullptr);
+        for (size_t p = 0; p < b.size(); ++p) {
+          if (b_filled[p] == 0) continue;
+          batch.fill_split[row0 + p] = split;
+          batch.row_fill[row0 + p] = &every_second_back;
+        }
+      }
+    }
+    ForwardCapture capture;
+    capture.depths = depths;
+    std::vector<float> logits;
+    EXPECT_TRUE(llama.Forward(batch, *cache, logits, &capture).ok());
+    return capture.states;
+  };
+  const auto both = run(true, true, true);
+  const auto a_alone = run(true, false, false);
+  const auto b_alone = run(false, true, true);
+  for (size_t i = 0; i < depths.size(); ++i) {
+    std::vector<float> want = a_alone[i];
+    want.insert(want.end(), b_alone[i].begin(), b_alone[i].end());
+    EXPECT_EQ(both[i].size(), static_cast<size_t>(24 + 8) * c.hidden) << "depth " << depths[i];
+    EXPECT_TRUE(both[i] == want) << "depth " << depths[i];
+  }
+  // Below the split b's exact rows are those of b run without any fill.
+  const auto b_exact = run(false, true, false);
+  std::vector<float> want;
+  for (size_t p = 0; p < b.size(); ++p) {
+    if (b_filled[p] != 0) continue;
+    const float* row = &b_exact[1][p * c.hidden];
+    want.insert(want.end(), row, row + c.hidden);
+  }
+  EXPECT_TRUE(b_alone[1] == want);
 }
 
 TEST_F(ForwardTest, RejectsTokenOutsideVocabulary) {

@@ -4,9 +4,10 @@
 Seeds come from real files where they are small: the tiny test models' tokenizer.json and
 tokenizer_config.json (tests/reference/tiny_models.py), RidgeFill maps calibrated on one of
 them by ridgeserve-calibrate, and hand-made files written here from the format specs (GGUF
-with one tensor of every stored type, safetensors single and sharded), plus truncations and
-small hand-made inputs for the text targets. Regression inputs for crashes that are found go
-in tests/fuzz/regressions/<target>/ by hand (run_fuzzers.sh runs them too).
+with one tensor of every stored type, safetensors single and sharded, RidgeFill calibration
+statistics), plus truncations and small hand-made inputs for the text targets. Regression
+inputs for crashes that are found go in tests/fuzz/regressions/<target>/ by hand
+(run_fuzzers.sh runs them too).
 
 usage: .venv/bin/python tests/fuzz/make_seeds.py BIN_DIR OUT_DIR
        (BIN_DIR holds ridgeserve-calibrate)
@@ -311,6 +312,119 @@ def map_file_seeds(out, bin_dir, python):
         shutil.rmtree(tmp)
 
 
+# ------------------------------------------------------------------------------------------
+# RidgeFill calibration statistics (engine/ridgefill/stats_file.h). ridgeserve-calibrate
+# writes them only after a calibration pass, and the server only as a checkpoint, so these
+# are written here from the format spec with random values that obey its shape rules (and
+# whose hold-out rows are the ones a CalibrationAccumulator would keep, so they also restore).
+
+XXH_P1, XXH_P2, XXH_P3 = 11400714785074694791, 14029467366897019727, 1609587929392839161
+XXH_P4, XXH_P5 = 9650029242287828579, 2870177450012600261
+M64 = (1 << 64) - 1
+
+
+def xxh64(data, seed=0):
+    """XXH64 (github.com/Cyan4973/xxHash doc/xxhash_spec.md), as engine/ridgefill/xxh64.cc."""
+    def rotl(x, r):
+        return ((x << r) | (x >> (64 - r))) & M64
+
+    def round_(acc, lane):
+        return rotl((acc + lane * XXH_P2) & M64, 31) * XXH_P1 & M64
+
+    n, i = len(data), 0
+    if n >= 32:
+        acc = [(seed + XXH_P1 + XXH_P2) & M64, (seed + XXH_P2) & M64, seed, (seed - XXH_P1) & M64]
+        while i + 32 <= n:
+            for k in range(4):
+                acc[k] = round_(acc[k], struct.unpack_from("<Q", data, i + 8 * k)[0])
+            i += 32
+        h = (rotl(acc[0], 1) + rotl(acc[1], 7) + rotl(acc[2], 12) + rotl(acc[3], 18)) & M64
+        for a in acc:
+            h = ((h ^ round_(0, a)) * XXH_P1 + XXH_P4) & M64
+    else:
+        h = (seed + XXH_P5) & M64
+    h = (h + n) & M64
+    while i + 8 <= n:
+        h = (rotl(h ^ round_(0, struct.unpack_from("<Q", data, i)[0]), 27) * XXH_P1 + XXH_P4) & M64
+        i += 8
+    if i + 4 <= n:
+        lane = struct.unpack_from("<I", data, i)[0] * XXH_P1 & M64
+        h = (rotl(h ^ lane, 23) * XXH_P2 + XXH_P3) & M64
+        i += 4
+    while i < n:
+        h = rotl(h ^ (data[i] * XXH_P5 & M64), 11) * XXH_P1 & M64
+        i += 1
+    h = (h ^ (h >> 33)) * XXH_P2 & M64
+    h = (h ^ (h >> 29)) * XXH_P3 & M64
+    return h ^ (h >> 32)
+
+
+def stats_file(layers, hidden, kind, splits, name=b"seed-model", fingerprint=0x5eed5eed5eed5eed,
+               rng=None):
+    """kind: 0 pre_norm, 1 post_norm, 2 kv; splits: [(split layer, seen rows, hold-out stride,
+    target dim)]. Header, packed metadata, 64-aligned arrays, XXH64 trailer."""
+    rng = rng or random.Random(0)
+    align = lambda v: (v + 63) // 64 * 64
+    meta_size = 8 + 4 * 3 + 4 + len(name) + 4
+    meta_size += sum(8 + 4 * 8 + 4 * 16 + (layers - s - 2) * (4 + 3 * 16) for s, *_ in splits)
+    data_offset = align(64 + meta_size)
+    blobs, end = [], data_offset
+
+    def place(fmt, values):
+        nonlocal end
+        if not values:
+            return struct.pack("<QQ", 0, 0)
+        offset = align(end)
+        blob = struct.pack(f"<{len(values)}{fmt}", *values)
+        blobs.append((offset, blob))
+        end = offset + len(blob)
+        return struct.pack("<QQ", offset, len(values))
+
+    def values(n):
+        return [rng.uniform(-2, 2) for _ in range(n)]
+
+    meta = struct.pack("<QIIII", fingerprint, layers, hidden, kind, len(name)) + name
+    meta += struct.pack("<I", len(splits))
+    for s, seen, stride, target_dim in splits:
+        held = seen // stride if stride else 0
+        gram = values(hidden * hidden)
+        for i in range(hidden):
+            for j in range(i):
+                gram[i * hidden + j] = gram[j * hidden + i]
+        meta += struct.pack("<IIqqqq", s, layers - s - 2, seen, stride, seen - held, held)
+        meta += place("d", values(hidden)) + place("d", gram)
+        meta += place("q", [(h + 1) * stride - 1 for h in range(held)])
+        meta += place("f", values(held * hidden))
+        for _ in range(layers - s - 2):
+            meta += struct.pack("<I", target_dim) + place("d", values(target_dim))
+            meta += place("d", values(target_dim * hidden)) + place("f", values(held * target_dim))
+    assert len(meta) == meta_size
+    header = b"RFSTATS\0" + struct.pack("<IIQQQQ", 1, 64, end + 16, 64, meta_size, data_offset)
+    body = bytearray(header + b"\0" * 16 + meta)
+    for offset, blob in blobs:
+        body += b"\0" * (offset - len(body)) + blob
+    body += b"\0" * (end - len(body))
+    return bytes(body) + struct.pack("<Q", xxh64(bytes(body))) + b"RFSTSEND"
+
+
+def stats_file_seeds(out):
+    # python-xxhash's documented values (tests/ridgefill/xxh64_test.cc)
+    assert xxh64(b"") == 0xEF46DB3751D8E999 and xxh64(b"abc") == 0x44BC2CF5AD770999
+    assert xxh64(b"Nobody inspects the spammish repetition") == 0xFBCEA83C8A378BF1
+    seeds = {
+        # 6 layers, hidden 4, K|V of dim 3; split 2 holds no rows out
+        "kv": stats_file(6, 4, 2, [(0, 40, 8, 3), (2, 10, 0, 3)]),
+        "pre_norm": stats_file(5, 4, 0, [(1, 30, 4, 4)], rng=random.Random(1)),
+        "post_norm_thinned": stats_file(4, 2, 1, [(1, 100, 40, 2)], rng=random.Random(2)),
+        "no_splits": stats_file(3, 8, 0, []),
+    }
+    for name, data in seeds.items():
+        # byte 0: the harness's flags (bit 0 fix the size field, bit 1 fix the checksum)
+        write(out, name + ".f0", b"\x00" + data)
+        write(out, name + ".f3", b"\x03" + data)
+        write(out, name + ".cut.f3", b"\x03" + data[:len(data) * 2 // 3])
+
+
 def write(out, name, data):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, name), "wb") as f:
@@ -331,6 +445,7 @@ def main():
     stop_matcher_seeds(os.path.join(out, "stop_matcher"))
     request_seeds(os.path.join(out, "request_validation"))
     map_file_seeds(os.path.join(out, "map_file"), bin_dir, python)
+    stats_file_seeds(os.path.join(out, "stats_file"))
     return 0
 
 

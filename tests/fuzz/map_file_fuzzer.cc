@@ -1,24 +1,17 @@
 // RidgeFill map file reader (engine/ridgefill/map_file.*) on arbitrary bytes.
 //
-// Input: byte 0 holds flags, the rest is the file. The file checksum (XXH64 trailer) and the
-// header's file size would stop almost every mutation at the first check, so bit 0 makes the
-// harness write the true file size into the header and bit 1 the true checksum into the
-// trailer before the reader sees the file; the parse behind them is what is fuzzed.
+// Input: byte 0 holds flags, the rest is the file (ridgefill_file_input.h).
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "engine/ridgefill/map_file.h"
-#include "engine/ridgefill/xxh64.h"
 #include "tests/fuzz/fuzz_util.h"
+#include "tests/fuzz/ridgefill_file_input.h"
 
 namespace {
-
-constexpr size_t kHeaderFileSizeOffset = 16;
-constexpr size_t kTrailerBytes = 16;  // u64 XXH64, char[8] "RFMAPEND"
 
 float Touch(std::span<const float> values) {
   float sum = 0;
@@ -31,17 +24,7 @@ float Touch(std::span<const float> values) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ridgeserve;
   if (size == 0) return 0;
-  const uint8_t flags = data[0];
-  std::string bytes(reinterpret_cast<const char*>(data + 1), size - 1);
-  if ((flags & 1) != 0 && bytes.size() >= kHeaderFileSizeOffset + 8) {
-    const uint64_t file_size = bytes.size();
-    std::memcpy(bytes.data() + kHeaderFileSizeOffset, &file_size, 8);
-  }
-  if ((flags & 2) != 0 && bytes.size() >= kTrailerBytes) {
-    const size_t body = bytes.size() - kTrailerBytes;
-    const uint64_t hash = Xxh64Hash(bytes.data(), body);
-    std::memcpy(bytes.data() + body, &hash, 8);
-  }
+  const std::string bytes = fuzz::RidgeFillFileFromInput(data, size);
   std::string path = fuzz::WriteScratchFile("maps.rfmap", bytes);
   auto file = MapFile::OpenUnchecked(path);
   if (!file.ok()) {

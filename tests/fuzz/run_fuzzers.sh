@@ -11,7 +11,8 @@ seconds=${2:-20}
 shift $(($# < 2 ? $# : 2))
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(gguf safetensors tokenizer_json tokenizer map_file request_validation stop_matcher)
+  targets=(gguf safetensors tokenizer_json tokenizer map_file stats_file request_validation
+    stop_matcher)
 fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -13,34 +13,18 @@
 #include <string>
 #include <vector>
 
-#include "engine/ridgefill/xxh64.h"
+#include "tests/ridgefill/file_bytes.h"
 
 namespace ridgeserve {
 namespace {
 
+using testing_files::Poke;
+using testing_files::ReadBytes;
+using testing_files::Reseal;
+using testing_files::WriteBytes;
+
 std::string TempPath(const std::string& name) {
-  return testing::TempDir() + "/ridgefill_map_" + std::to_string(::getpid()) + "_" + name;
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// Recomputes the trailer checksum after a test patched the bytes on purpose.
-void Reseal(std::string& bytes) {
-  const uint64_t h = Xxh64Hash(bytes.data(), bytes.size() - 16);
-  std::memcpy(bytes.data() + bytes.size() - 16, &h, 8);
-}
-
-template <typename T>
-void Poke(std::string& bytes, size_t offset, T value) {
-  std::memcpy(bytes.data() + offset, &value, sizeof(T));
+  return testing_files::TempPath("ridgefill_map_", name);
 }
 
 // Owns the arrays a MapSet views.

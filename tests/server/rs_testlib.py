@@ -500,3 +500,14 @@ def expect(cond, msg):
 def expect_eq(got, want, what):
     if got != want:
         raise AssertionError(f"{what}: got {got!r}, want {want!r}")
+
+
+def wait_for(what, cond, timeout_s=60.0, interval_s=0.2):
+    """Polls cond() until it returns something true (returned), or fails after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -30,7 +30,7 @@ import urllib.request
 
 from rs_testlib import (BIN_DIR, MAPS, MODEL, SC, SOURCE_DIR, Checks, Server, call_code,
                         consume_stream, expect, expect_eq, greedy_request, license_text, pb,
-                        pb_grpc, run_unary)
+                        pb_grpc, run_unary, wait_for)
 
 ADMIN_TOKEN = "rs-test-admin-reload-0123456789"
 SPLIT = 16  # in the default maps and in map B
@@ -66,16 +66,6 @@ def metric(text: str, name: str, labels: str = "") -> float:
 
 def maps_info(srv):
     return srv.info().ridgefill_maps
-
-
-def wait_for(what, cond, timeout_s=60.0, interval_s=0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = cond()
-        if v:
-            return v
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def replace_file(src, dst):
