@@ -3,11 +3,16 @@
 // (SequenceRunner, no scheduler) produces; aborts free KV blocks; limits are enforced.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <map>
+#include <random>
+#include <span>
 #include <thread>
 
+#include "engine/kv/paged_kv_cache.h"
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
 #include "tests/engine/default_model_fixture.h"
@@ -131,6 +136,69 @@ TEST_F(EngineTest, PreemptionLeavesOutputsUnchanged) {
   RunConcurrently(**engine, prompts, max_new);
   EXPECT_GT((*engine)->stats().num_preemptions, 0);
   WaitForFreeBlocks(**engine);
+}
+
+// Online calibration's rows (EngineOptions::calibration_rows): every prompt position >= the
+// first position (4) and a multiple of the stride (3) is handed over exactly once, although
+// preemption makes the engine prefill some prompts twice; no generated row is. A row is recognised
+// by its depth-0 state (its token's embedding; the prompts' tokens are distinct).
+TEST_F(EngineTest, CalibrationRowsAreEachPromptRowOnceThroughPreemption) {
+  EngineOptions options;
+  options.scheduler.max_batch_tokens = 64;
+  options.kv_cache_tokens = 192;  // as in PreemptionLeavesOutputsUnchanged
+  std::map<std::vector<float>, int> taken;
+  const int32_t hidden = model_->config.hidden;
+  options.calibration_rows = {
+      {0, model_->config.num_layers},
+      4,
+      3,
+      [&](std::span<const std::vector<float>> states, std::span<const int32_t> rows) {
+        for (int32_t r : rows) {
+          const float* row = states[0].data() + static_cast<size_t>(r) * hidden;
+          ++taken[std::vector<float>(row, row + hidden)];
+        }
+      }};
+  auto engine = Engine::Create(*model_, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int32_t> all = RandomTokens(6 * 75, 77);
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  std::shuffle(all.begin(), all.end(), std::mt19937(5));
+  std::vector<int> max_new;
+  size_t next = 0;
+  for (int i = 0; i < 6; ++i) {
+    const size_t n = 40 + 7 * i;
+    prompts.emplace_back(all.begin() + next, all.begin() + next + n);
+    next += n;
+    max_new.push_back(24);
+  }
+  ASSERT_LE(next, all.size());
+  RunConcurrently(**engine, prompts, max_new);
+  EXPECT_GT((*engine)->stats().num_preemptions, 0);
+  // The depth-0 rows expected, from a forward of each prompt alone.
+  std::map<std::vector<float>, int> want;
+  const ModelConfig& c = model_->config;
+  for (const std::vector<int32_t>& prompt : prompts) {
+    auto cache =
+        PagedKvCache::Create(*backend_, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, 16,
+                                                     8, model_->llama->kv_cache_dtype()});
+    ASSERT_TRUE(cache.ok());
+    BlockTable table;
+    ASSERT_TRUE(table.Reserve(cache->pool(), static_cast<int32_t>(prompt.size()), 16).ok());
+    ForwardBatch batch;
+    batch.AddSequence(table, 16, prompt, 0, false);
+    ForwardCapture capture;
+    capture.depths = {0};
+    std::vector<float> logits;
+    ASSERT_TRUE(model_->llama->Forward(batch, *cache, logits, &capture).ok());
+    for (size_t p = 6; p < prompt.size(); p += 3) {  // p >= 4 with p % 3 == 0
+      const float* row = capture.states[0].data() + p * hidden;
+      ++want[std::vector<float>(row, row + hidden)];
+    }
+  }
+  EXPECT_EQ(taken.size(), want.size());
+  EXPECT_TRUE(taken == want);
 }
 
 TEST_F(EngineTest, AbortEndsRequestAndFreesBlocks) {
