@@ -133,11 +133,11 @@ def shift(args):
         print(f"online maps from {rows} rows: {learned}; evaluating", flush=True)
         results["maps"][f"online_{rows}"] = {"learned": learned,
                                             "eval": evaluate(maps, other, splits)}
-    print_shift(results, splits)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(results, f, indent=2)
     shutil.rmtree(tmp, ignore_errors=True)
+    print_shift(results, splits)
 
 
 def print_shift(results, splits):
