@@ -126,6 +126,10 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
   static void AppendOnline(const OnlineCalibrationStatus& o,
                            std::vector<prometheus::MetricFamily>& out) {
     using prometheus::MetricType;
+    out.push_back(OneValue("ridgeserve_ridgefill_online_offered_rows_total",
+                           "Served prompt rows the engine handed to online calibration since the "
+                           "start (accumulated, queued or dropped).",
+                           MetricType::Counter, static_cast<double>(o.offered_rows)));
     out.push_back(OneValue("ridgeserve_ridgefill_online_rows",
                            "Served prompt rows in the online calibration statistics (checkpoint "
                            "included).",

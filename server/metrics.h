@@ -48,7 +48,8 @@
 //   ridgeserve_ridgefill_calibration_progress_ratio (tokens calibrated / total while
 //   calibrating, else 0) and ridgeserve_ridgefill_maps_reloads_total{result} (ok, refused).
 // - Read from online calibration at scrape time (--ridgefill_online_calibration,
-//   SetRidgeFillOnline): ridgeserve_ridgefill_online_rows (served rows in its statistics),
+//   SetRidgeFillOnline): ridgeserve_ridgefill_online_offered_rows_total (rows the engine
+//   handed over), ridgeserve_ridgefill_online_rows (served rows in its statistics),
 //   ridgeserve_ridgefill_online_dropped_rows_total,
 //   ridgeserve_ridgefill_online_accumulate_seconds_total,
 //   ridgeserve_ridgefill_online_resolves_total{result} (ok, failed) and

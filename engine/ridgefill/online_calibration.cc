@@ -217,6 +217,7 @@ void OnlineCalibrator::Take(std::span<const std::vector<float>> states,
     std::lock_guard<std::mutex> lock(mu_);
     const size_t room = static_cast<size_t>(options_.max_pending_rows - pending_rows_);
     const size_t n = std::min(rows.size(), room);
+    status_.offered_rows += static_cast<int64_t>(rows.size());
     status_.dropped_rows += static_cast<int64_t>(rows.size() - n);
     for (size_t i = 0; i < pending_.size(); ++i) {
       for (size_t j = 0; j < n; ++j) {

@@ -67,6 +67,7 @@ struct OnlineCalibrationOptions {
 };
 
 struct OnlineCalibrationStatus {
+  int64_t offered_rows = 0;  // rows the engine handed to Take (queued or dropped)
   int64_t rows = 0;          // served rows in the statistics (training + held out)
   int64_t dropped_rows = 0;  // rows Take dropped because the queue was full
   int64_t pending_rows = 0;

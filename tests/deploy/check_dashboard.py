@@ -1,7 +1,8 @@
 """The Grafana dashboard and the Prometheus rules read only what ridgeserve really exposes.
 
-Starts the real `ridgeserve` (default model and maps, loopback, RidgeFill shadow sampling on),
-scrapes its /metrics once the shadow series by split layer are there, and checks:
+Starts the real `ridgeserve` (default model and maps, loopback, RidgeFill shadow sampling and
+online calibration on), scrapes its /metrics once the shadow series by split layer are there,
+and checks:
   * deploy/grafana/ridgeserve.json parses, is importable as-is (the data source is the
     `datasource` template variable, used by every panel and target), and has the panels the
     issue asks for;
@@ -15,7 +16,9 @@ The PromQL itself is run against a real Prometheus in tests/server/test_metrics.
 import json
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -101,9 +104,12 @@ def scrape_with_shadow_series(srv):
 def main():
     checks = Checks("check_dashboard")
     expect(os.path.exists(MAPS), f"RidgeFill maps {MAPS} not found (made by `make test`)")
+    online_dir = tempfile.mkdtemp(prefix="rs_dashboard_online_")
     with Server(f"--ridgefill_maps={MAPS}", "--ridgefill_shadow_fraction=1",
+                "--ridgefill_online_calibration", f"--ridgefill_online_dir={online_dir}",
                 name="dashboard") as srv:
         url, text = scrape_with_shadow_series(srv)
+    shutil.rmtree(online_dir, ignore_errors=True)
     series = parse_exposition(text)
     print(f"scraped {len(series)} series names from {url}")
     with open(DASHBOARD, encoding="utf-8") as f:

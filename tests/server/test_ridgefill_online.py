@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 
 from rs_testlib import (MAPS, MODEL, SC, SERVER_BIN, Checks, Server, expect, expect_eq,
                         greedy_request, license_text, run_unary, scrape_metrics,
@@ -57,6 +56,18 @@ def rows_and_dropped(srv):
             m["ridgeserve_ridgefill_online_dropped_rows_total"])
 
 
+def offered(srv):
+    """Rows the engine handed over: counted on the engine thread before a request's answer."""
+    return scrape_metrics(srv)["ridgeserve_ridgefill_online_offered_rows_total"]
+
+
+def drained(srv):
+    """Rows accumulated + dropped once the queue is empty (== offered)."""
+    want = offered(srv)
+    wait_for("the queue to drain", lambda: sum(rows_and_dropped(srv)) == want, 120)
+    return rows_and_dropped(srv)
+
+
 def start_fails(*args):
     """Runs the server with `args`; returns its output after it exits nonzero."""
     p = subprocess.run([SERVER_BIN, f"--model={MODEL}", "--port=0", "--metrics_port=-1", *args],
@@ -86,7 +97,7 @@ def check_learns_and_swaps(srv):
     expect_eq(info.version, 1, "version at start (the shipped maps)")
     expect_eq(info.path, st.live, "maps path at start")
     # The warm-up request (a few tokens) is the only exact request so far.
-    warm_up = sum(rows_and_dropped(srv))
+    warm_up = offered(srv)
     expect(warm_up <= 8, f"{warm_up} rows at start")
     text = license_text(60_000)
     ids = srv.tokenize(text, add_special_tokens=True)
@@ -97,8 +108,7 @@ def check_learns_and_swaps(srv):
     rf.prefill.ridgefill.exact_tail_tokens = 64
     resp = ok(srv, rf)
     expect(resp.usage.filled_prompt_tokens > 0, "RIDGEFILL filled no rows")
-    time.sleep(1)
-    expect_eq(sum(rows_and_dropped(srv)), warm_up, "rows taken from a RIDGEFILL request")
+    expect_eq(offered(srv), warm_up, "rows taken from a RIDGEFILL request")
     # Exact requests: every prompt position >= SINK once, until a re-solve.
     expected = warm_up
     for i in range(3):
@@ -106,8 +116,9 @@ def check_learns_and_swaps(srv):
         st.prompts.append(prompt)
         ok(srv, greedy_request(token_ids=prompt, max_new_tokens=4, ignore_eos=True))
         expected += len(prompt) - SINK
-        wait_for(f"rows of exact request {i}", lambda: sum(rows_and_dropped(srv)) >= expected, 60)
-        expect_eq(sum(rows_and_dropped(srv)), expected, f"rows + dropped after exact request {i}")
+        expect_eq(offered(srv), expected, f"rows offered after exact request {i}")
+        # Nothing is lost between the queue and the statistics.
+        expect_eq(sum(drained(srv)), expected, f"rows + dropped after exact request {i}")
     rows, dropped = rows_and_dropped(srv)
     print(f"online rows {rows:.0f}, dropped {dropped:.0f} of {expected}", flush=True)
     expect(rows >= RESOLVE_ROWS, f"only {rows} rows accumulated; the test needs a re-solve")
@@ -128,8 +139,8 @@ def check_learns_and_swaps(srv):
     prompt = ids[2000:2300]
     ok(srv, greedy_request(token_ids=prompt, max_new_tokens=4, ignore_eos=True))
     expected += len(prompt) - SINK
-    wait_for("rows of the last request", lambda: sum(rows_and_dropped(srv)) >= expected, 60)
-    st.rows_at_stop = rows_and_dropped(srv)[0]
+    expect_eq(offered(srv), expected, "rows offered after the last request")
+    st.rows_at_stop = drained(srv)[0]
 
 
 def check_checksum_differs(shipped_checksum, online_checksum):
