@@ -141,20 +141,19 @@ def shift(args):
 
 
 def print_shift(results, splits):
-    print("\nmaps | split | needle (RidgeFill / exact) | distant-token NLL (exact) | vs exact")
+    print("\nmaps | split | needle RidgeFill (exact) | distant-token NLL vs exact | all tail tokens")
     for name, r in results["maps"].items():
         for s in splits:
-            e = r["eval"][s]
+            e = r["eval"][str(s)] if str(s) in r["eval"] else r["eval"][s]
             nd = e["needle"]["results"]
-            rf = sum(x["ridgefill_correct"] for x in nd)
-            ex = sum(x["exact_correct"] for x in nd)
             n = sum(x["trials"] for x in nd)
-            d = e["distant"]
-            sp = d["splits"][0]
-            exact = d["exact_distant_nll"]
-            got = sp["ridgefill_distant_nll"]
-            print(f"{name} | {s} | {rf}/{n} / {ex}/{n} | {got:.3f} ({exact:.3f}) | "
-                  f"{100 * (got / exact - 1):+.1f}%")
+            rf = round(sum(x["ridgefill_accuracy"] * x["trials"] for x in nd))
+            ex = round(sum(x["exact_accuracy"] * x["trials"] for x in nd))
+            d = e["distant"]["splits"][0]
+            dist, every = d["distant_tokens"], d["all_tokens"]
+            print(f"{name} | {s} | {rf}/{n} ({ex}/{n}) | {dist['ridgefill_nll']:.3f} "
+                  f"({100 * dist['relative_increase']:+.1f}%, exact {dist['exact_nll']:.3f}, "
+                  f"{dist['count']} tokens) | {100 * every['relative_increase']:+.1f}%")
 
 
 def peak_rss(pid):
