@@ -117,7 +117,7 @@ def evaluate(maps, other, splits):
             base + ["distant-loss"] + common + ["--text", other, "--prompt_tokens", "4096",
                                                 "--windows", "2", "--split_layer", str(s)],
             check=True, capture_output=True, text=True).stdout)
-        out[s] = {"needle": needle, "distant": distant}
+        out[str(s)] = {"needle": needle, "distant": distant}  # str: as in the JSON file
     return out
 
 
@@ -144,7 +144,7 @@ def print_shift(results, splits):
     print("\nmaps | split | needle RidgeFill (exact) | distant-token NLL vs exact | all tail tokens")
     for name, r in results["maps"].items():
         for s in splits:
-            e = r["eval"][str(s)] if str(s) in r["eval"] else r["eval"][s]
+            e = r["eval"][str(s)]
             nd = e["needle"]["results"]
             n = sum(x["trials"] for x in nd)
             rf = round(sum(x["ridgefill_accuracy"] * x["trials"] for x in nd))

@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <exception>
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,19 @@ prometheus::MetricFamily OneValue(const char* name, const char* help, prometheus
     m.counter.value = value;
   } else {
     m.gauge.value = value;
+  }
+  return family;
+}
+
+// A counter family with one `result` label: one series per (result, count).
+prometheus::MetricFamily CounterByResult(
+    const char* name, const char* help,
+    std::initializer_list<std::pair<const char*, int64_t>> by_result) {
+  prometheus::MetricFamily family{name, help, prometheus::MetricType::Counter, {}};
+  for (const auto& [result, n] : by_result) {
+    prometheus::ClientMetric& c = family.metric.emplace_back();
+    c.label.push_back({"result", result});
+    c.counter.value = static_cast<double>(n);
   }
   return family;
 }
@@ -109,18 +123,10 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
         m.calibration_tokens > 0
             ? static_cast<double>(m.calibrated_tokens) / static_cast<double>(m.calibration_tokens)
             : 0.0));
-    prometheus::MetricFamily reloads{"ridgeserve_ridgefill_maps_reloads_total",
-                                     "RidgeFill map files loaded after the start (result ok) or "
-                                     "refused, keeping the maps in use (result refused).",
-                                     MetricType::Counter,
-                                     {}};
-    for (const auto& [result, n] :
-         {std::pair{"ok", m.reloads_ok}, std::pair{"refused", m.reloads_refused}}) {
-      prometheus::ClientMetric& c = reloads.metric.emplace_back();
-      c.label.push_back({"result", result});
-      c.counter.value = static_cast<double>(n);
-    }
-    out.push_back(std::move(reloads));
+    out.push_back(CounterByResult("ridgeserve_ridgefill_maps_reloads_total",
+                                  "RidgeFill map files loaded after the start (result ok) or "
+                                  "refused, keeping the maps in use (result refused).",
+                                  {{"ok", m.reloads_ok}, {"refused", m.reloads_refused}}));
   }
 
   static void AppendOnline(const OnlineCalibrationStatus& o,
@@ -141,18 +147,10 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
     out.push_back(OneValue("ridgeserve_ridgefill_online_accumulate_seconds_total",
                            "Time online calibration spent adding served rows to its statistics.",
                            MetricType::Counter, o.accumulate_seconds));
-    prometheus::MetricFamily resolves{"ridgeserve_ridgefill_online_resolves_total",
-                                      "Online re-solves of the RidgeFill maps: swapped in (result "
-                                      "ok) or failed (the maps in use stayed).",
-                                      MetricType::Counter,
-                                      {}};
-    for (const auto& [result, n] :
-         {std::pair{"ok", o.resolves}, std::pair{"failed", o.failed_resolves}}) {
-      prometheus::ClientMetric& c = resolves.metric.emplace_back();
-      c.label.push_back({"result", result});
-      c.counter.value = static_cast<double>(n);
-    }
-    out.push_back(std::move(resolves));
+    out.push_back(CounterByResult("ridgeserve_ridgefill_online_resolves_total",
+                                  "Online re-solves of the RidgeFill maps: swapped in (result ok) "
+                                  "or failed (the maps in use stayed).",
+                                  {{"ok", o.resolves}, {"failed", o.failed_resolves}}));
     out.push_back(OneValue("ridgeserve_ridgefill_online_last_resolve_seconds",
                            "Duration of the last online re-solve (maps and checkpoint written).",
                            MetricType::Gauge, o.last_resolve_seconds));

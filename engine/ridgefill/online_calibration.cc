@@ -289,7 +289,7 @@ void OnlineCalibrator::Run() {
   }
   // Stopping: what was accumulated since the last checkpoint is kept for the next start.
   if (statistics_.accumulator(0, 0).total_rows() == checkpointed_rows_) return;
-  if (const absl::Status s = Checkpoint(); !s.ok()) {
+  if (const absl::Status s = Checkpoint(ServedStats()); !s.ok()) {
     spdlog::error("RidgeFill online calibration: checkpoint at exit failed: {}", s.ToString());
   } else {
     spdlog::info("RidgeFill online calibration: {} served rows checkpointed to {}",
@@ -298,38 +298,42 @@ void OnlineCalibrator::Run() {
 }
 
 absl::Status OnlineCalibrator::Resolve() {
-  const std::vector<int32_t>& splits = statistics_.splits();
+  const StatsSet served = ServedStats();
   std::vector<SplitFit> fits;
-  for (size_t i = 0; i < splits.size(); ++i) {
-    const CalibrationStats served = statistics_.accumulator(0, i).Finish();
-    if (served.holdout_rows == 0) {
+  for (size_t i = 0; i < served.splits.size(); ++i) {
+    const CalibrationStats& stats = served.splits[i].stats;
+    if (stats.holdout_rows == 0) {
       return absl::FailedPreconditionError("no held-out served rows yet to choose λ on");
     }
     RS_ASSIGN_OR_RETURN(const CalibrationStats mixed,
-                        MixCalibrationStats(base_.splits[i].stats, served, options_.served_share));
+                        MixCalibrationStats(base_.splits[i].stats, stats, options_.served_share));
     RS_ASSIGN_OR_RETURN(std::unique_ptr<RidgeSolver> solver, RidgeSolver::Create(mixed));
-    RS_ASSIGN_OR_RETURN(SplitFit fit, FitSplitMaps(splits[i], kind_, {-1, key_scale_}, mixed,
-                                                   *solver, statistics_.projectors(), config_));
+    RS_ASSIGN_OR_RETURN(SplitFit fit,
+                        FitSplitMaps(served.splits[i].split_layer, kind_, {-1, key_scale_}, mixed,
+                                     *solver, statistics_.projectors(), config_));
     fits.push_back(std::move(fit));
   }
   RS_RETURN_IF_ERROR(
       WriteMapFile(options_.maps_path, ToMapSet(fits, kind_, fingerprint_, config_)));
-  RS_RETURN_IF_ERROR(Checkpoint());
+  RS_RETURN_IF_ERROR(Checkpoint(served));
   spdlog::info("RidgeFill online calibration: maps re-solved from {} served rows (share {}), {}",
-               statistics_.accumulator(0, 0).total_rows(), options_.served_share,
-               options_.maps_path);
+               checkpointed_rows_, options_.served_share, options_.maps_path);
   return swap_in_(options_.maps_path);
 }
 
-absl::Status OnlineCalibrator::Checkpoint() {
-  StatsSet checkpoint{fingerprint_, kind_, {}};
+StatsSet OnlineCalibrator::ServedStats() const {
+  StatsSet served{fingerprint_, kind_, {}};
   for (size_t i = 0; i < statistics_.splits().size(); ++i) {
     const CalibrationAccumulator& acc = statistics_.accumulator(0, i);
-    checkpoint.splits.push_back(
+    served.splits.push_back(
         SplitStats{statistics_.splits()[i], acc.total_rows(), acc.holdout_stride(), acc.Finish()});
   }
-  RS_RETURN_IF_ERROR(WriteStatsFile(options_.checkpoint_path, checkpoint));
-  checkpointed_rows_ = statistics_.accumulator(0, 0).total_rows();
+  return served;
+}
+
+absl::Status OnlineCalibrator::Checkpoint(const StatsSet& served) {
+  RS_RETURN_IF_ERROR(WriteStatsFile(options_.checkpoint_path, served));
+  checkpointed_rows_ = served.splits.front().seen_rows;
   return absl::OkStatus();
 }
 

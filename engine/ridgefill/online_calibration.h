@@ -118,8 +118,10 @@ class OnlineCalibrator {
   void Run();
   // Mixes, solves every split, writes the maps and the checkpoint, calls swap_in_.
   absl::Status Resolve();
-  // Writes the served statistics to options_.checkpoint_path.
-  absl::Status Checkpoint();
+  // The served statistics of every split, as the checkpoint holds them.
+  StatsSet ServedStats() const;
+  // Writes `served` (ServedStats) to options_.checkpoint_path.
+  absl::Status Checkpoint(const StatsSet& served);
 
   const ModelConfig& config_;
   const ModelFingerprint fingerprint_;
