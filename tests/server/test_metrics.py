@@ -17,8 +17,13 @@ Checks, each against Prometheus' HTTP API after a scrape that saw the test's las
     a stop string, a stream cancelled by the client): every counter equals the outcomes the
     client saw (errors by code, requests by finish reason and mode, TTFT counts);
   * engine gauges (running seen > 0 under load, 0 when idle; KV usage and preemptions equal
-    GetModelInfo's stats), build info labels, recording rules per prefill mode and per split
-    layer (shadow quality), and every Grafana panel query returns data;
+    GetModelInfo's stats), build info labels;
+  * online calibration (on, --ridgefill_online_resolve_rows=ONLINE_RESOLVE_ROWS, exact
+    requests of fresh text added when the phases above offered fewer rows): every offered row
+    reached the statistics or the dropped count, a re-solve was swapped in (a map reload, a
+    last re-solve duration > 0) and none failed;
+  * recording rules per prefill mode and per split layer (shadow quality), and every Grafana
+    panel query returns data (the online calibration panels' after the re-solve);
   * `promtool check metrics` is clean on the /metrics text.
 
 Environment: PROMETHEUS_BIN, PROMTOOL_BIN (default: on PATH); the maps are rs_testlib.MAPS
@@ -47,6 +52,9 @@ RULES_DIR = os.path.join(SOURCE_DIR, "deploy", "prometheus", "rules")
 DASHBOARD = os.path.join(SOURCE_DIR, "deploy", "grafana", "ridgeserve.json")
 NEW_TOKENS = 8
 TAIL = 16
+# Online calibration re-solves after this many served rows (the exact prefills' prompt rows,
+# every 4th position), so that one re-solve runs while the test does.
+ONLINE_RESOLVE_ROWS = 256
 
 
 class Prometheus:
@@ -176,16 +184,23 @@ def main():
     expect(os.path.exists(MAPS), f"RidgeFill maps {MAPS} not found (made by `make test`, or "
            "ridgeserve-calibrate; set RIDGESERVE_DEFAULT_MAPS)")
     text = license_text()
-    with Server(f"--ridgefill_maps={MAPS}", "--max_batch_tokens=512",
-                "--ridgefill_shadow_fraction=1", name="metrics") as srv:
-        info = srv.info()
-        expect(len(info.ridgefill_split_layers) > 0,
-               f"the server loaded no RidgeFill maps from {MAPS}")
-        prom = Prometheus(f"127.0.0.1:{srv.metrics_port}")
-        try:
-            run_checks(checks, srv, prom, text)
-        finally:
-            prom.close()
+    online_dir = tempfile.mkdtemp(prefix="rs_metrics_online_")
+    try:
+        with Server(f"--ridgefill_maps={MAPS}", "--max_batch_tokens=512",
+                    "--ridgefill_shadow_fraction=1", "--ridgefill_online_calibration",
+                    f"--ridgefill_online_dir={online_dir}",
+                    f"--ridgefill_online_resolve_rows={ONLINE_RESOLVE_ROWS}",
+                    name="metrics") as srv:
+            info = srv.info()
+            expect(len(info.ridgefill_split_layers) > 0,
+                   f"the server loaded no RidgeFill maps from {MAPS}")
+            prom = Prometheus(f"127.0.0.1:{srv.metrics_port}")
+            try:
+                run_checks(checks, srv, prom, text)
+            finally:
+                prom.close()
+    finally:
+        shutil.rmtree(online_dir, ignore_errors=True)
     checks.finish()
 
 
@@ -368,6 +383,46 @@ def run_checks(checks, srv, prom, text):
         expect(re.fullmatch(r"\d+\.\d+\.\d+", got["version"]), f"build_info version {got}")
         expect_eq(labels[0][1], 1.0, "build_info value")
 
+    def online_calibration():
+        # Rows are offered on the engine thread before each answer and accumulated by a nice-19
+        # thread after it: wait until each offered row is in the statistics or dropped.
+        def drained():
+            prom.wait_for("ridgeserve_ridgefill_online_offered_rows_total"
+                          " - ridgeserve_ridgefill_online_rows"
+                          " - ridgeserve_ridgefill_online_dropped_rows_total", 0, timeout_s=120)
+            return prom.value("ridgeserve_ridgefill_online_rows")
+
+        # The phases above offer about 330 rows (their shadow-exact prefills most), fewer when
+        # shadows were dropped: exact prompts of text not sent before make up the rest.
+        rows = drained()
+        for i in range(8):
+            if rows >= ONLINE_RESOLVE_ROWS:
+                break
+            ids = srv.tokenize(text[5000 + i * 1600:5000 + i * 1600 + 1500])
+            code, _, details = call(srv.stub, request(ids), stream=False)
+            expect(code == SC.OK, f"exact top-up {i}: {code.name} {details}")
+            ledger.ok("length", "exact")
+            rows = drained()
+        offered = prom.value("ridgeserve_ridgefill_online_offered_rows_total")
+        expect(rows >= ONLINE_RESOLVE_ROWS,
+               f"{rows} of {offered} offered rows accumulated, a re-solve needs "
+               f"{ONLINE_RESOLVE_ROWS}")
+        # The re-solve (seconds at nice 19) starts once its rows are in.
+        resolves = 'ridgeserve_ridgefill_online_resolves_total{result="ok"}'
+        prom.wait_for(f"count({resolves} >= 1)", 1, timeout_s=120)
+        ok = prom.value(resolves)
+        expect_eq(prom.value('ridgeserve_ridgefill_online_resolves_total{result="failed"}'), 0,
+                  "failed re-solves")
+        # Each re-solve swaps its maps in as a map reload (before it counts itself).
+        reloads = prom.value('ridgeserve_ridgefill_maps_reloads_total{result="ok"}')
+        expect(reloads >= ok, f"{reloads} map reloads after {ok} re-solves")
+        last = prom.value("ridgeserve_ridgefill_online_last_resolve_seconds")
+        expect(last > 0, "last re-solve duration is 0 after a re-solve")
+        expect(prom.value("ridgeserve_ridgefill_online_accumulate_seconds_total") > 0,
+               "no accumulate time after accumulating rows")
+        print(f"online calibration: {offered:.0f} rows offered, {rows:.0f} accumulated, "
+              f"{ok:.0f} re-solve(s), the last {last:.2f} s")
+
     def shadow_rules_match_totals():
         # Every split's shadow series was scraped at 0 before its first comparison, so the
         # recording rules' 1 h rates count every comparison: their ratios equal the totals'.
@@ -432,6 +487,7 @@ def run_checks(checks, srv, prom, text):
     checks.run("RidgeFill requests counted, saved seconds > 0", ridgefill_phase)
     checks.run("concurrent good and bad calls: every counter", mixed_concurrent)
     checks.run("engine gauges and build info", gauges_and_info)
+    checks.run("online calibration: rows offered, accumulated, a re-solve", online_calibration)
     checks.run("recording rules and dashboard queries", rules_and_dashboard)
     checks.run("promtool check metrics", promtool_check_metrics)
 
