@@ -1,12 +1,27 @@
 // MixCalibrationStats against weighted moments computed directly from the rows of the two
-// populations (long double, no centring tricks).
+// populations (long double, no centring tricks); OnlineCalibrator's background thread on a
+// small synthetic model (rows taken from two threads while a third reads the status, a
+// re-solve handed over, the checkpoint restored), which is what make test-sanitize runs under
+// TSan for its locking.
 #include "engine/ridgefill/online_calibration.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <filesystem>
+#include <mutex>
 #include <random>
+#include <string>
+#include <thread>
 #include <vector>
+
+#include "engine/model/config.h"
+#include "engine/model/llama.h"
+#include "engine/ridgefill/map_file.h"
+#include "engine/ridgefill/stats_file.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "tests/ridgefill/file_bytes.h"
 
 namespace ridgeserve {
 namespace {
@@ -146,6 +161,185 @@ TEST(MixCalibrationStatsTest, RefusesMismatchedShapesAndShares) {
   ASSERT_TRUE(no_served.ok());
   EXPECT_EQ(no_served->gram, b.gram);
   EXPECT_EQ(no_served->mean, b.mean);
+}
+
+// A 5-layer model of hidden 12 with only what the calibrator reads (attention norm and the
+// QKV projection), maps of split 1 (targets: layers 3 and 4), pre_norm.
+class OnlineCalibratorTest : public ::testing::Test {
+ protected:
+  static constexpr int32_t kLayers = 5, kHidden = 12, kHeads = 2, kKvHeads = 2, kHeadDim = 4;
+  static constexpr int32_t kSplit = 1;
+  static constexpr int64_t kResolveRows = 40;
+
+  void SetUp() override {
+    backend_ = CreateCpuBackend(1);
+    ModelConfig c;
+    c.name = "synthetic";
+    c.num_layers = kLayers;
+    c.hidden = kHidden;
+    c.num_heads = kHeads;
+    c.num_kv_heads = kKvHeads;
+    c.head_dim = kHeadDim;
+    c.qkv_bias = true;
+    ModelWeights w;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> g;
+    auto random = [&](size_t n, float offset) {
+      std::vector<float> v(n);
+      for (float& x : v) x = offset + 0.1f * g(rng);
+      return v;
+    };
+    const int64_t qkv_rows = (kHeads + 2 * kKvHeads) * kHeadDim;
+    for (int32_t l = 0; l < kLayers; ++l) {
+      LayerWeights lw;
+      lw.attn_norm = Upload(random(kHidden, 1.0f));
+      const std::vector<float> wqkv = random(static_cast<size_t>(qkv_rows) * kHidden, 0.0f);
+      const HostTensor view{reinterpret_cast<const uint8_t*>(wqkv.data()), DType::kF32, qkv_rows,
+                            kHidden, sizeof(float) * kHidden};
+      lw.wqkv = *backend_->PackWeight({&view, 1});
+      lw.bqkv = Upload(random(qkv_rows, 0.0f));
+      w.layers.push_back(std::move(lw));
+    }
+    model_ = std::make_unique<LlamaModel>(c, std::move(w), *backend_);
+    fingerprint_ = {0x5eed, "synthetic", kLayers, kHidden};
+    shipped_.model = fingerprint_;
+    shipped_.num_kv_heads = kKvHeads;
+    shipped_.head_dim = kHeadDim;
+    shipped_.kind = MapTarget::kPreNorm;
+    shipped_.splits.emplace_back().split_layer = kSplit;
+    dir_ = testing_files::TempPath("online_calibrator_", "dir");
+    std::filesystem::create_directories(dir_);
+    options_.checkpoint_path = dir_ + "/stats.rfstats";
+    options_.maps_path = dir_ + "/maps.rfmap";
+    options_.resolve_rows = kResolveRows;
+    options_.max_pending_rows = 16;
+    options_.holdout = {10, 256};
+    base_path_ = dir_ + "/base.rfstats";
+    WriteBaseStats();
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  DeviceBuffer Upload(const std::vector<float>& v) {
+    DeviceBuffer b = *backend_->Alloc(sizeof(float) * v.size());
+    backend_->CopyToDevice(b.as<void>(), v.data(), sizeof(float) * v.size());
+    return b;
+  }
+
+  // Residual rows at each captured depth ([depth][n, hidden]): a shared component plus noise,
+  // so consecutive depths are correlated as a residual stream's are.
+  static std::vector<std::vector<float>> States(size_t depths, int64_t n, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> g;
+    std::vector<std::vector<float>> states(depths);
+    for (int64_t i = 0; i < n * kHidden; ++i) {
+      const float shared = g(rng);
+      for (auto& s : states) s.push_back(shared + 0.3f * g(rng));
+    }
+    return states;
+  }
+
+  // The shipped statistics: 300 rows through the calibrate tool's accumulators.
+  void WriteBaseStats() {
+    SplitStatistics stats(*model_, {kSplit}, {MapTarget::kPreNorm}, options_.holdout);
+    const auto states = States(stats.depths().size(), 300, 1);
+    ASSERT_TRUE(stats.Add(states, 0, 300, 1).ok());
+    const CalibrationAccumulator& acc = stats.accumulator(0, 0);
+    StatsSet set{fingerprint_, MapTarget::kPreNorm, {}};
+    set.splits.push_back({kSplit, acc.total_rows(), acc.holdout_stride(), acc.Finish()});
+    ASSERT_TRUE(WriteStatsFile(base_path_, set).ok());
+  }
+
+  std::unique_ptr<OnlineCalibrator> Create() {
+    auto c = OnlineCalibrator::Create(*model_, fingerprint_, shipped_, base_path_, options_);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  // Polls `c`'s status until `done` holds (the background thread runs at nice 19).
+  template <typename F>
+  static OnlineCalibrationStatus WaitFor(const OnlineCalibrator& c, F done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    OnlineCalibrationStatus s = c.status();
+    while (!done(s) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      s = c.status();
+    }
+    EXPECT_TRUE(done(s)) << "timed out: " << s.rows << " rows, " << s.pending_rows << " pending";
+    return s;
+  }
+  static bool Drained(const OnlineCalibrationStatus& s) {
+    return s.pending_rows == 0 && s.rows + s.dropped_rows == s.offered_rows;
+  }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<LlamaModel> model_;
+  ModelFingerprint fingerprint_;
+  MapSet shipped_;
+  std::string dir_, base_path_;
+  OnlineCalibrationOptions options_;
+};
+
+TEST_F(OnlineCalibratorTest, TakesRowsFromThreadsResolvesAndRestoresTheCheckpoint) {
+  std::unique_ptr<OnlineCalibrator> c = Create();
+  ASSERT_NE(c, nullptr);
+  std::mutex mu;
+  std::vector<std::string> swapped;
+  c->Start([&](const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu);
+    swapped.push_back(path);
+    return absl::OkStatus();
+  });
+  // Two engine-like threads offer 8 rows (of 10 captured) at a time into a queue of 16, so
+  // some are dropped, while a third reads the status as /metrics does.
+  const std::vector<int32_t> rows = {0, 1, 2, 4, 5, 6, 8, 9};
+  constexpr int kTakes = 30;
+  std::vector<std::thread> takers;
+  for (uint64_t t = 0; t < 2; ++t) {
+    takers.emplace_back([&, t] {
+      for (int i = 0; i < kTakes; ++i) c->Take(States(c->depths().size(), 10, 100 * t + i), rows);
+    });
+  }
+  std::thread reader([&] {
+    for (int i = 0; i < 200; ++i) {
+      const OnlineCalibrationStatus s = c->status();
+      EXPECT_LE(s.rows + s.dropped_rows + s.pending_rows, s.offered_rows);
+    }
+  });
+  for (std::thread& t : takers) t.join();
+  reader.join();
+  OnlineCalibrationStatus s = WaitFor(*c, Drained);
+  EXPECT_EQ(s.offered_rows, 2 * kTakes * 8);
+  // Rows one batch at a time until a re-solve is due, however many were dropped.
+  for (uint64_t i = 0; s.rows < kResolveRows; ++i) {
+    c->Take(States(c->depths().size(), 10, 1000 + i), rows);
+    s = WaitFor(*c, Drained);
+    ASSERT_TRUE(Drained(s));
+  }
+  s = WaitFor(*c, [](const OnlineCalibrationStatus& st) { return st.resolves >= 1; });
+  EXPECT_EQ(s.failed_resolves, 0);
+  EXPECT_GT(s.last_resolve_seconds, 0);
+  EXPECT_GT(s.accumulate_seconds, 0);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_FALSE(swapped.empty());
+    EXPECT_EQ(swapped.front(), options_.maps_path);
+  }
+  auto maps = MapFile::Open(options_.maps_path, {fingerprint_, kKvHeads, kHeadDim});
+  ASSERT_TRUE(maps.ok()) << maps.status();
+  ASSERT_NE((*maps)->FindSplit(kSplit), nullptr);
+  EXPECT_EQ((*maps)->FindSplit(kSplit)->targets.size(), 2u);
+  // Rows after the re-solve are checkpointed at Stop; a new calibrator restores all of them
+  // and, having at least resolve_rows, re-solves at once (here its swap-in fails: counted).
+  c->Take(States(c->depths().size(), 10, 5000), rows);
+  s = WaitFor(*c, Drained);
+  c->Stop();
+  std::unique_ptr<OnlineCalibrator> restored = Create();
+  ASSERT_NE(restored, nullptr);
+  EXPECT_EQ(restored->status().rows, s.rows);
+  restored->Start([](const std::string&) { return absl::UnavailableError("no server"); });
+  const OnlineCalibrationStatus r =
+      WaitFor(*restored, [](const OnlineCalibrationStatus& st) { return st.failed_resolves >= 1; });
+  EXPECT_EQ(r.resolves, 0);
 }
 
 }  // namespace

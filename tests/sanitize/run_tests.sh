@@ -53,13 +53,15 @@ case $kind in
     # The tests of the binaries make test-sanitize builds here, those that start threads of
     # ridgeserve's own: server_unit_test (the request registry's waiters), tensor_parallel_test
     # (the communicator's ranks), spec_pc_engine_test (the engine thread, with submitting and
-    # aborting threads). engine_test is not among them: AbortEndsRequestAndFreesBlocks waits at
-    # most 30 s for the abort, which takes effect after the step in flight, and under TSan the
-    # request did not end in time (no TSan report; it passes under ASan).
+    # aborting threads), ridgefill_maps_test (online calibration's accumulating thread, with
+    # taking and status-reading threads). engine_test is not among them:
+    # AbortEndsRequestAndFreesBlocks waits at most 30 s for the abort, which takes effect after
+    # the step in flight, and under TSan the request did not end in time (no TSan report; it
+    # passes under ASan).
     # OpenMP's runtime is not instrumented, so TSan cannot see its barriers and would report
     # the kernels' work split as races: one thread per parallel region (OMP_THREAD_LIMIT caps
     # the num_threads clauses too). The threads ridgeserve starts itself (engine, tensor
-    # parallel ranks, request registry waiters) are all still there.
+    # parallel ranks, request registry waiters, online calibration) are all still there.
     export OMP_THREAD_LIMIT=1
     export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1"
     ctest --test-dir "$build" -L gtest -E "$(join "${skip[@]}")" --output-on-failure \
