@@ -53,29 +53,40 @@ RS_AVX512 inline __m512 Widen(__m128i bytes, bool is_signed) {
 // ---- f32 --------------------------------------------------------------------------------
 
 // Block `block` of rows a and b of one 32-block segment as 4 pair vectors (columns 8g..8g+7
-// of a, then of b, in w[g]): the values DequantizeRow gives, fma(d, q, m) or d * q.
+// of a, then of b, in w[g]): the values DequantizeRow gives, fma(d, q, m) or d * q. A 4-bit
+// block takes its values from two 16-entry tables, fma(d, i, m) for i < 16 of each row (the
+// same operation on the same operands, so the same bits): vpermt2ps reads the low 5 bits of
+// each lane's index, the nibble and, in the upper half, 16 for row b's table.
 template <Layout L>
 RS_AVX512 inline void ConvertPairBlock(const BlockRow& a, const BlockRow& b, int64_t block,
                                        __m512 w[4]) {
-  const __m512 d = PairOf(a.d + block, b.d + block);
-  __m128i chunks[4];  // 8 integers of row a, then the same 8 of row b
   if constexpr (L == Layout::kU4) {
-    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m512 iota = _mm512_setr_ps(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f, 8.0f, 9.0f,
+                                       10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f);
+    const __m512i upper = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 16, 16, 16, 16, 16, 16, 16, 16);
+    const __m512 ta = _mm512_fmadd_ps(_mm512_set1_ps(a.d[block]), iota, _mm512_set1_ps(a.m[block]));
+    const __m512 tb = _mm512_fmadd_ps(_mm512_set1_ps(b.d[block]), iota, _mm512_set1_ps(b.m[block]));
     const __m128i qa = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.q + 16 * block));
     const __m128i qb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.q + 16 * block));
-    const __m128i lo_a = _mm_and_si128(qa, mask), lo_b = _mm_and_si128(qb, mask);
-    const __m128i hi_a = _mm_and_si128(_mm_srli_epi16(qa, 4), mask);
-    const __m128i hi_b = _mm_and_si128(_mm_srli_epi16(qb, 4), mask);
-    chunks[0] = _mm_unpacklo_epi64(lo_a, lo_b);
-    chunks[1] = _mm_unpackhi_epi64(lo_a, lo_b);
-    chunks[2] = _mm_unpacklo_epi64(hi_a, hi_b);
-    chunks[3] = _mm_unpackhi_epi64(hi_a, hi_b);
-  } else {
-    for (int g = 0; g < 4; ++g) {
-      chunks[g] = _mm_unpacklo_epi64(
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a.q + kBlock * block + 8 * g)),
-          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.q + kBlock * block + 8 * g)));
+    // Bytes 0..7 of a then of b, and bytes 8..15: low nibbles are elements 0..15, high 16..31.
+    const __m512i bytes[2] = {_mm512_maskz_cvtepu8_epi32(kAll16, _mm_unpacklo_epi64(qa, qb)),
+                              _mm512_maskz_cvtepu8_epi32(kAll16, _mm_unpackhi_epi64(qa, qb))};
+    const __m512i nibble = _mm512_set1_epi32(0x0F);
+    for (int h = 0; h < 2; ++h) {
+      // (bytes & 0x0F) | upper, and (bytes >> 4) | upper.
+      const __m512i low = _mm512_ternarylogic_epi32(bytes[h], nibble, upper, 0xEA);
+      const __m512i high = _mm512_or_si512(_mm512_maskz_srli_epi32(kAll16, bytes[h], 4), upper);
+      w[h] = _mm512_permutex2var_ps(ta, low, tb);
+      w[2 + h] = _mm512_permutex2var_ps(ta, high, tb);
     }
+    return;
+  }
+  const __m512 d = PairOf(a.d + block, b.d + block);
+  __m128i chunks[4];  // 8 integers of row a, then the same 8 of row b
+  for (int g = 0; g < 4; ++g) {
+    chunks[g] = _mm_unpacklo_epi64(
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a.q + kBlock * block + 8 * g)),
+        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(b.q + kBlock * block + 8 * g)));
   }
   if constexpr (L == Layout::kS8) {
     for (int g = 0; g < 4; ++g) w[g] = _mm512_mul_ps(d, Widen(chunks[g], true));
@@ -191,26 +202,51 @@ constexpr auto kTiles = TileTable<TileFn, PanelTile, kMr, kNp>();
 
 // ---- f32, a few rows of x: weights converted in registers -------------------------------
 
+// Asks for `bytes` bytes from `from` on, a line at a time, in `steps` equal steps (Step once
+// per block): a tile streams in the weight bytes it reads next while its FMAs run.
+class PrefetchSweep {
+ public:
+  PrefetchSweep(const void* from, int64_t bytes, int64_t steps)
+      : next_(static_cast<const char*>(from)), wanted_(next_), step_((bytes + steps - 1) / steps) {}
+  void Step() {
+    wanted_ += step_;
+    for (; next_ < wanted_; next_ += 64) _mm_prefetch(next_, _MM_HINT_T0);
+  }
+
+ private:
+  const char* next_;    // the next byte to ask for
+  const char* wanted_;  // where the sweep is to be after this step
+  int64_t step_;
+};
+
 // For n <= kMr rows of x (decode) a panel costs more than it saves: each block of a pair of
 // rows is converted in registers and multiplied into every row of x at once. The pairs of a
 // tile run one after another, each over all its blocks, so a tile reads its rows as a few
 // sequential streams: taking the pairs side by side block by block (8 rows' scales and
 // integers interleaved) measured 1.7-1.9x slower on the 49152-row LM head, where the weights
-// come from memory. The same arithmetic as Tile.
+// come from memory. A tile's rows are contiguous (a segment's rows are), and it asks for the
+// bytes kPrefetchBytes ahead of those it reads, so they stream in while its FMAs run. The same
+// arithmetic as Tile.
 constexpr int kNpFused = 4;
 constexpr int kNrFused = 2 * kNpFused;
+constexpr int64_t kPrefetchBytes = 4096;
 
 // xb: row r of x with each 8 columns twice, [x_c..x_c+7, x_c..x_c+7] at xb[r * 2k + 2c];
-// w[0, kNrFused): rows of one 32-block segment (w[j] for j >= nr repeats a real row).
+// w[0, kNrFused): rows of one 32-block segment, row_bytes apart from w[0] on (w[j] for
+// j >= nr repeats a real row).
 template <int MR, Layout L>
-RS_AVX512 void FusedTile(const float* xb, int64_t k, const BlockRow* w, const float* bias, int nr,
-                         float* y, int64_t ldy) {
+RS_AVX512 void FusedTile(const float* xb, int64_t k, const BlockRow* w, int64_t row_bytes,
+                         const float* bias, int nr, float* y, int64_t ldy) {
+  const int64_t nb = k / kBlock;
+  PrefetchSweep sweep(reinterpret_cast<const char*>(w[0].d) + kPrefetchBytes, kNrFused * row_bytes,
+                      kNpFused * nb);
   __m512 acc[MR][kNpFused];
   for (int r = 0; r < MR; ++r) {
     for (int p = 0; p < kNpFused; ++p) acc[r][p] = _mm512_setzero_ps();
   }
   for (int p = 0; p < kNpFused; ++p) {
-    for (int64_t b = 0; b < k / kBlock; ++b) {
+    for (int64_t b = 0; b < nb; ++b) {
+      sweep.Step();
       __m512 wv[4];
       ConvertPairBlock<L>(w[2 * p], w[2 * p + 1], b, wv);
       for (int g = 0; g < 4; ++g) {
@@ -224,8 +260,8 @@ RS_AVX512 void FusedTile(const float* xb, int64_t k, const BlockRow* w, const fl
   StorePairs<MR, kNpFused>(acc, bias, nr, y, ldy);
 }
 
-using FusedTileFn = void (*)(const float* xb, int64_t k, const BlockRow* w, const float* bias,
-                             int nr, float* y, int64_t ldy);
+using FusedTileFn = void (*)(const float* xb, int64_t k, const BlockRow* w, int64_t row_bytes,
+                             const float* bias, int nr, float* y, int64_t ldy);
 
 FusedTileFn PickFusedTile(Layout layout, int mr) {
   static constexpr FusedTileFn kTable[3][kMr] = {
@@ -255,8 +291,8 @@ void LinearF32Fused(const float* x, int32_t n, const CpuWeight::Segment& s, int6
   const FusedTileFn tile_fn = PickFusedTile(s.layout, n);
   ForBlockTiles<kNrFused>(n, s, local0, rows, k / kBlock, kMr, num_threads,
                           [&](int32_t, int, int64_t c0, int nr, const BlockRow* w) {
-                            tile_fn(xb, k, w, bias != nullptr ? bias + c0 : nullptr, nr, y + c0,
-                                    ldy);
+                            tile_fn(xb, k, w, static_cast<int64_t>(s.row_bytes),
+                                    bias != nullptr ? bias + c0 : nullptr, nr, y + c0, ldy);
                           });
 }
 
@@ -307,10 +343,14 @@ RS_AVX512 inline __m512 MinTermPair(const float* mw_a, const float* mw_b, const 
 }
 
 // y[r * ldy + j] for r < MR, j < nr (nr <= 2 NP) from quantized rows of x (xq at the first)
-// and weight rows w[0, 2 NP) (w[j] for j >= nr repeats a real row; its results are dropped).
+// and weight rows w[0, 2 NP) (w[j] for j >= nr repeats a real row; its results are dropped),
+// contiguous from w[0] on. The tile's blocks run side by side, so it streams in the next
+// tile's rows; prefetch_row_bytes is row_bytes, or 0 where its rows are already in cache.
 template <int MR, int NP, Layout L>
-RS_AVX512 void Int8Tile(const QuantizedX& xq, const BlockRow* w, const float* bias, int nr,
-                        float* y, int64_t ldy) {
+RS_AVX512 void Int8Tile(const QuantizedX& xq, const BlockRow* w, int64_t prefetch_row_bytes,
+                        const float* bias, int nr, float* y, int64_t ldy) {
+  PrefetchSweep sweep(reinterpret_cast<const char*>(w[0].d) + 2 * NP * prefetch_row_bytes,
+                      2 * NP * prefetch_row_bytes, xq.nb);
   const __m512i zero = _mm512_setzero_si512();
   const __m512i bias128 = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[MR][NP];
@@ -318,6 +358,7 @@ RS_AVX512 void Int8Tile(const QuantizedX& xq, const BlockRow* w, const float* bi
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
   }
   for (int64_t b = 0; b < xq.nb; ++b) {
+    sweep.Step();
     __m512i wq[NP], shift[NP];
     __m512 dw[NP];
     for (int p = 0; p < NP; ++p) {
@@ -363,8 +404,8 @@ RS_AVX512 void Int8Tile(const QuantizedX& xq, const BlockRow* w, const float* bi
   }
 }
 
-using Int8TileFn = void (*)(const QuantizedX& xq, const BlockRow* w, const float* bias, int nr,
-                            float* y, int64_t ldy);
+using Int8TileFn = void (*)(const QuantizedX& xq, const BlockRow* w, int64_t prefetch_row_bytes,
+                            const float* bias, int nr, float* y, int64_t ldy);
 
 template <Layout L>
 Int8TileFn PickInt8Tile(int mr, int np) {
@@ -416,7 +457,8 @@ void LinearInt8Avx512(const QuantizedX& xq, int32_t n, const CpuWeight::Segment&
   ForBlockTiles<2 * kNpInt8>(n, s, local0, rows, xq.nb, kMrInt8, num_threads,
                              [&](int32_t i, int mr, int64_t c0, int nr, const BlockRow* w) {
                                PickInt8Tile(s.layout, mr, (nr + 1) / 2)(
-                                   xq.From(i), w, bias != nullptr ? bias + c0 : nullptr, nr,
+                                   xq.From(i), w, i == 0 ? static_cast<int64_t>(s.row_bytes) : 0,
+                                   bias != nullptr ? bias + c0 : nullptr, nr,
                                    y + int64_t{i} * ldy + c0, ldy);
                              });
 }

@@ -164,6 +164,36 @@ void LinearArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime();
 
+// One decode row through 120 distinct [3072, 576] weights of `type` (133 MB of Q4_1, more than the model's 112 MB and than the L3 seen here),
+// one after another, so the weights come from memory as in a decode step; weight_bytes_per_s
+// against BM_MemoryRead/2 says how close decode's Linear gets to the bandwidth bound.
+void BM_LinearFromMemory(benchmark::State& state) {
+  const DType type = static_cast<DType>(state.range(0));
+  constexpr int kWeights = 120;
+  constexpr int32_t k = 576, m = 3072;
+  auto backend = *CreateCpuBackendFromEnvironment(kThreads);
+  const std::vector<float> x = RandomFloats(k, 1);
+  std::vector<Weight> weights;
+  size_t bytes = 0;
+  for (int i = 0; i < kWeights; ++i) {
+    weights.push_back(RandomWeight(*backend, type, m, k, 2 + i));
+    bytes += weights.back().bytes();
+  }
+  std::vector<float> y(m);
+  for (auto _ : state) {
+    for (const Weight& w : weights) backend->Linear(x.data(), 1, w, nullptr, y.data());
+    benchmark::ClobberMemory();
+  }
+  state.counters["weight_bytes_per_s"] =
+      benchmark::Counter(double(bytes), benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_LinearFromMemory)
+    ->ArgName("type")
+    ->Arg(8)
+    ->Arg(3)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // One layer's K/V (as `dtype`) for `num_seqs` sequences of `context` tokens in a cache of
 // 16-token blocks handed out in shuffled order, and query rows for the last `rows_per_seq`
 // positions of each.
