@@ -31,7 +31,9 @@ using internal::ForPanelTiles;
 using internal::kAlignment;
 using internal::kBlock;
 using internal::kLanes;
+using internal::kPrefetchBytes;
 using internal::Layout;
+using internal::PrefetchSweep;
 using internal::QuantizedX;
 using internal::ReduceAvx2;
 using internal::RoundUp;
@@ -117,41 +119,59 @@ int32_t QuantAt(Layout layout, const uint8_t* q, int64_t b, int e) {
   }
 }
 
-// Row `r` of a 32-block segment to f32: fma(d, q, m), or d * q for kS8 (IntegerBlocks32's
-// identity makes these DequantizeRow's values).
+// Block b of a packed row as 4 vectors of 8 floats: fma(d, q, m), or d * q for kS8
+// (IntegerBlocks32's identity makes these DequantizeRow's values).
+template <Layout L>
+inline void ConvertBlockAvx2(const BlockRow& row, int64_t b, __m256 out[4]) {
+  const __m256 d = _mm256_set1_ps(row.d[b]);
+  __m128i bytes[4];  // 8 integers in the low half of each
+  if constexpr (L == Layout::kU4) {
+    const __m128i low_mask = _mm_set1_epi8(0x0F);
+    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.q + 16 * b));
+    const __m128i lo = _mm_and_si128(qs, low_mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_mask);
+    bytes[0] = lo;
+    bytes[1] = _mm_srli_si128(lo, 8);
+    bytes[2] = hi;
+    bytes[3] = _mm_srli_si128(hi, 8);
+  } else {
+    for (int g = 0; g < 4; ++g) {
+      bytes[g] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row.q + kBlock * b + 8 * g));
+    }
+  }
+  for (int g = 0; g < 4; ++g) {
+    if constexpr (L == Layout::kS8) {
+      out[g] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes[g])));
+    } else {
+      out[g] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes[g])),
+                               _mm256_set1_ps(row.m[b]));
+    }
+  }
+}
+
+template <Layout L>
+void DequantizeBlockRowAvx2(const BlockRow& row, int64_t nb, float* dst) {
+  for (int64_t b = 0; b < nb; ++b, dst += kBlock) {
+    __m256 v[4];
+    ConvertBlockAvx2<L>(row, b, v);
+    for (int g = 0; g < 4; ++g) _mm256_storeu_ps(dst + 8 * g, v[g]);
+  }
+}
+
+// Row `r` of a 32-block segment to f32: ConvertBlockAvx2's values, or the same lane by lane.
 void DequantizeBlockRow(const CpuWeight::Segment& s, int64_t local_row, int64_t cols, float* dst,
                         Isa isa) {
   const int64_t nb = cols / kBlock;
   const BlockRow row = RowOf(s, local_row, nb);
   if (isa != Isa::kScalar) {
-    const __m128i low_mask = _mm_set1_epi8(0x0F);
-    for (int64_t b = 0; b < nb; ++b, dst += kBlock) {
-      const __m256 d = _mm256_set1_ps(row.d[b]);
-      __m128i bytes[4];  // 8 integers in the low half of each
-      if (s.layout == Layout::kU4) {
-        const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row.q + 16 * b));
-        const __m128i lo = _mm_and_si128(qs, low_mask);
-        const __m128i hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low_mask);
-        bytes[0] = lo;
-        bytes[1] = _mm_srli_si128(lo, 8);
-        bytes[2] = hi;
-        bytes[3] = _mm_srli_si128(hi, 8);
-      } else {
-        for (int g = 0; g < 4; ++g) {
-          bytes[g] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row.q + kBlock * b + 8 * g));
-        }
-      }
-      for (int g = 0; g < 4; ++g) {
-        if (s.layout == Layout::kS8) {
-          const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes[g]));
-          _mm256_storeu_ps(dst + 8 * g, _mm256_mul_ps(d, q));
-        } else {
-          const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes[g]));
-          _mm256_storeu_ps(dst + 8 * g, _mm256_fmadd_ps(d, q, _mm256_set1_ps(row.m[b])));
-        }
-      }
+    switch (s.layout) {
+      case Layout::kU4:
+        return DequantizeBlockRowAvx2<Layout::kU4>(row, nb, dst);
+      case Layout::kU8:
+        return DequantizeBlockRowAvx2<Layout::kU8>(row, nb, dst);
+      default:
+        return DequantizeBlockRowAvx2<Layout::kS8>(row, nb, dst);
     }
-    return;
   }
   for (int64_t b = 0; b < nb; ++b) {
     for (int e = 0; e < kBlock; ++e) {
@@ -259,6 +279,60 @@ TileFn PickTile(Isa isa, int mr, int nr) {
   static constexpr auto kAvx2 = TileTable<TileFn, Avx2Tile, kMr, kNr>();
   static constexpr auto kScalar = TileTable<TileFn, ScalarTile, kMr, kNr>();
   return isa == Isa::kScalar ? kScalar[mr - 1][nr - 1] : kAvx2[mr - 1][nr - 1];
+}
+
+// ---- f32, a few rows of x on AVX2: weights converted in registers ----------------------
+
+// For n <= kMrFused rows of x (decode) storing a panel and reading it back costs more than the
+// FMAs: each block of a weight row is converted in registers (ConvertBlockAvx2) and multiplied
+// into every row of x at once, kNrFused weight rows side by side so that their FMA chains
+// overlap. The same arithmetic as TileAvx2 (k is a multiple of 32 here, so there is no tail).
+constexpr int kMrFused = 2;
+constexpr int kNrFused = 2;
+
+// y[r * ldy + j] for r < MR, j < nr from MR rows of x (k apart) and weight rows w[0, kNrFused)
+// of one 32-block segment (w[j] for j >= nr repeats a real row; its results are dropped).
+template <int MR, Layout L>
+void FusedTileAvx2(const float* x, int64_t k, const BlockRow* w, int64_t row_bytes,
+                   const float* bias, int nr, float* y, int64_t ldy) {
+  PrefetchSweep sweep(reinterpret_cast<const char*>(w[0].d) + kPrefetchBytes, kNrFused * row_bytes,
+                      k / kBlock);
+  __m256 acc[MR][kNrFused];
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < kNrFused; ++j) acc[r][j] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    sweep.Step();
+    for (int j = 0; j < kNrFused; ++j) {
+      __m256 wv[4];
+      ConvertBlockAvx2<L>(w[j], b, wv);
+      for (int g = 0; g < 4; ++g) {
+        for (int r = 0; r < MR; ++r) {
+          acc[r][j] =
+              _mm256_fmadd_ps(_mm256_loadu_ps(x + r * k + kBlock * b + 8 * g), wv[g], acc[r][j]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int j = 0; j < nr; ++j) {
+      const float sum = ReduceAvx2(acc[r][j]);
+      y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
+    }
+  }
+}
+
+using FusedTileFn = void (*)(const float* x, int64_t k, const BlockRow* w, int64_t row_bytes,
+                             const float* bias, int nr, float* y, int64_t ldy);
+
+FusedTileFn PickFusedTileAvx2(Layout layout, int mr) {
+  static constexpr FusedTileFn kTable[3][kMrFused] = {
+      {FusedTileAvx2<1, Layout::kU4>, FusedTileAvx2<2, Layout::kU4>},
+      {FusedTileAvx2<1, Layout::kU8>, FusedTileAvx2<2, Layout::kU8>},
+      {FusedTileAvx2<1, Layout::kS8>, FusedTileAvx2<2, Layout::kS8>},
+  };
+  const int l = layout == Layout::kU4 ? 0 : layout == Layout::kU8 ? 1 : 2;
+  return kTable[l][mr - 1];
 }
 
 // ---- the int8 path ------------------------------------------------------------------------
@@ -480,6 +554,16 @@ Int8TileFn PickInt8Tile(Isa isa, Layout layout, int mr, int nr) {
 void LinearF32(const float* x, int32_t n, const CpuWeight& w, int64_t j0, int64_t rows,
                const float* bias, float* y, int64_t ldy, int num_threads, Isa isa) {
   const int64_t k = w.cols();
+  const CpuWeight::Segment& s = w.SegmentOf(j0);
+  if (isa == Isa::kAvx2 && n <= kMrFused && s.layout != Layout::kStored) {
+    const FusedTileFn tile_fn = PickFusedTileAvx2(s.layout, n);
+    return ForBlockTiles<kNrFused>(n, s, j0 - s.row_begin, rows, k / kBlock, kMrFused, num_threads,
+                                   [&](int32_t, int, int64_t c0, int nr, const BlockRow* w) {
+                                     tile_fn(x, k, w, static_cast<int64_t>(s.row_bytes),
+                                             bias != nullptr ? bias + c0 : nullptr, nr, y + c0,
+                                             ldy);
+                                   });
+  }
   const int64_t kpad = RoundUp(std::max<int64_t>(k, 1), kLanes);
   ForPanelTiles(
       n, k, rows, kNr, kMr, kNr * kpad, num_threads,

@@ -202,23 +202,6 @@ constexpr auto kTiles = TileTable<TileFn, PanelTile, kMr, kNp>();
 
 // ---- f32, a few rows of x: weights converted in registers -------------------------------
 
-// Asks for `bytes` bytes from `from` on, a line at a time, in `steps` equal steps (Step once
-// per block): a tile streams in the weight bytes it reads next while its FMAs run.
-class PrefetchSweep {
- public:
-  PrefetchSweep(const void* from, int64_t bytes, int64_t steps)
-      : next_(static_cast<const char*>(from)), wanted_(next_), step_((bytes + steps - 1) / steps) {}
-  void Step() {
-    wanted_ += step_;
-    for (; next_ < wanted_; next_ += 64) _mm_prefetch(next_, _MM_HINT_T0);
-  }
-
- private:
-  const char* next_;    // the next byte to ask for
-  const char* wanted_;  // where the sweep is to be after this step
-  int64_t step_;
-};
-
 // For n <= kMr rows of x (decode) a panel costs more than it saves: each block of a pair of
 // rows is converted in registers and multiplied into every row of x at once. The pairs of a
 // tile run one after another, each over all its blocks, so a tile reads its rows as a few
@@ -229,7 +212,6 @@ class PrefetchSweep {
 // arithmetic as Tile.
 constexpr int kNpFused = 4;
 constexpr int kNrFused = 2 * kNpFused;
-constexpr int64_t kPrefetchBytes = 4096;
 
 // xb: row r of x with each 8 columns twice, [x_c..x_c+7, x_c..x_c+7] at xb[r * 2k + 2c];
 // w[0, kNrFused): rows of one 32-block segment, row_bytes apart from w[0] on (w[j] for

@@ -43,6 +43,27 @@ inline BlockRow RowOf(const CpuWeight::Segment& s, int64_t local_row, int64_t nb
   return {d, d + nb, reinterpret_cast<const uint8_t*>(d + 2 * nb)};
 }
 
+// How far ahead of the weight bytes it reads a decode tile asks for the next ones.
+constexpr int64_t kPrefetchBytes = 4096;
+
+// Asks for `bytes` bytes from `from` on, a line at a time, in `steps` equal steps (Step once
+// per block): a tile streams in the weight bytes it reads next while its FMAs run (a
+// segment's rows are contiguous, so the bytes after a tile's rows are the next tile's).
+class PrefetchSweep {
+ public:
+  PrefetchSweep(const void* from, int64_t bytes, int64_t steps)
+      : next_(static_cast<const char*>(from)), wanted_(next_), step_((bytes + steps - 1) / steps) {}
+  void Step() {
+    wanted_ += step_;
+    for (; next_ < wanted_; next_ += 64) _mm_prefetch(next_, _MM_HINT_T0);
+  }
+
+ private:
+  const char* next_;    // the next byte to ask for
+  const char* wanted_;  // where the sweep is to be after this step
+  int64_t step_;
+};
+
 // x quantized for one call: q [n, k], d and s [n, nb] (linear.h's dx and sx).
 struct QuantizedX {
   const int8_t* q;
