@@ -164,9 +164,10 @@ void LinearArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime();
 
-// One decode row through 120 distinct [3072, 576] weights of `type` (133 MB of Q4_1, more than the model's 112 MB and than the L3 seen here),
-// one after another, so the weights come from memory as in a decode step; weight_bytes_per_s
-// against BM_MemoryRead/2 says how close decode's Linear gets to the bandwidth bound.
+// One decode row through 120 distinct [3072, 576] weights of `type` (133 MB of Q4_1, more than
+// the model's 112 MB and than the L3 seen here), one after another, so the weights come from
+// memory as in a decode step; weight_bytes_per_s against BM_MemoryRead/2 says how close
+// decode's Linear gets to the bandwidth bound.
 void BM_LinearFromMemory(benchmark::State& state) {
   const DType type = static_cast<DType>(state.range(0));
   constexpr int kWeights = 120;
