@@ -22,6 +22,7 @@
 #include "engine/ridgefill/stats_file.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/ridgefill/file_bytes.h"
+#include "tests/ridgefill/synthetic_model.h"
 
 namespace ridgeserve {
 namespace {
@@ -163,24 +164,19 @@ TEST(MixCalibrationStatsTest, RefusesMismatchedShapesAndShares) {
   EXPECT_EQ(no_served->mean, b.mean);
 }
 
-// A 5-layer model of hidden 12 with only what the calibrator reads (attention norm and the
-// QKV projection), maps of split 1 (targets: layers 3 and 4), pre_norm.
+// The synthetic model (synthetic_model.h) with only what the calibrator reads (attention norm
+// and the QKV projection), maps of split 1 (targets: layers 3 and 4), pre_norm.
 class OnlineCalibratorTest : public ::testing::Test {
  protected:
-  static constexpr int32_t kLayers = 5, kHidden = 12, kHeads = 2, kKvHeads = 2, kHeadDim = 4;
+  static constexpr int32_t kLayers = testing_synthetic::kLayers,
+                           kHidden = testing_synthetic::kHidden,
+                           kKvHeads = testing_synthetic::kKvHeads,
+                           kHeadDim = testing_synthetic::kHeadDim;
   static constexpr int32_t kSplit = 1;
   static constexpr int64_t kResolveRows = 40;
 
   void SetUp() override {
     backend_ = CreateCpuBackend(1);
-    ModelConfig c;
-    c.name = "synthetic";
-    c.num_layers = kLayers;
-    c.hidden = kHidden;
-    c.num_heads = kHeads;
-    c.num_kv_heads = kKvHeads;
-    c.head_dim = kHeadDim;
-    c.qkv_bias = true;
     ModelWeights w;
     std::mt19937 rng(7);
     std::normal_distribution<float> g;
@@ -189,18 +185,16 @@ class OnlineCalibratorTest : public ::testing::Test {
       for (float& x : v) x = offset + 0.1f * g(rng);
       return v;
     };
-    const int64_t qkv_rows = (kHeads + 2 * kKvHeads) * kHeadDim;
+    const int64_t qkv_rows = testing_synthetic::kQDim + 2 * testing_synthetic::kKvDim;
     for (int32_t l = 0; l < kLayers; ++l) {
       LayerWeights lw;
       lw.attn_norm = Upload(random(kHidden, 1.0f));
-      const std::vector<float> wqkv = random(static_cast<size_t>(qkv_rows) * kHidden, 0.0f);
-      const HostTensor view{reinterpret_cast<const uint8_t*>(wqkv.data()), DType::kF32, qkv_rows,
-                            kHidden, sizeof(float) * kHidden};
-      lw.wqkv = *backend_->PackWeight({&view, 1});
+      lw.wqkv = testing_synthetic::Pack(
+          *backend_, random(static_cast<size_t>(qkv_rows) * kHidden, 0.0f), qkv_rows, kHidden);
       lw.bqkv = Upload(random(qkv_rows, 0.0f));
       w.layers.push_back(std::move(lw));
     }
-    model_ = std::make_unique<LlamaModel>(c, std::move(w), *backend_);
+    model_ = std::make_unique<LlamaModel>(testing_synthetic::Config(), std::move(w), *backend_);
     fingerprint_ = {0x5eed, "synthetic", kLayers, kHidden};
     shipped_.model = fingerprint_;
     shipped_.num_kv_heads = kKvHeads;
@@ -220,9 +214,7 @@ class OnlineCalibratorTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   DeviceBuffer Upload(const std::vector<float>& v) {
-    DeviceBuffer b = *backend_->Alloc(sizeof(float) * v.size());
-    backend_->CopyToDevice(b.as<void>(), v.data(), sizeof(float) * v.size());
-    return b;
+    return testing_synthetic::Upload(*backend_, v);
   }
 
   // Residual rows at each captured depth ([depth][n, hidden]): a shared component plus noise,

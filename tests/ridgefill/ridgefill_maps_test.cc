@@ -15,12 +15,19 @@
 #include "engine/model/llama.h"
 #include "engine/ridgefill/map_file.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/ridgefill/synthetic_model.h"
 
 namespace ridgeserve {
 namespace {
 
-constexpr int32_t kLayers = 5, kHidden = 12, kHeads = 2, kKvHeads = 2, kHeadDim = 4;
-constexpr int32_t kKvDim = kKvHeads * kHeadDim, kQDim = kHeads * kHeadDim;
+using testing_synthetic::Config;
+using testing_synthetic::kHeadDim;
+using testing_synthetic::kHeads;
+using testing_synthetic::kHidden;
+using testing_synthetic::kKvDim;
+using testing_synthetic::kKvHeads;
+using testing_synthetic::kLayers;
+using testing_synthetic::kQDim;
 
 std::vector<float> Random(size_t n, std::mt19937& rng) {
   std::normal_distribution<float> dist;
@@ -33,14 +40,7 @@ class RidgeFillMapsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     backend_ = CreateCpuBackend(1);
-    ModelConfig c;
-    c.name = "synthetic";
-    c.num_layers = kLayers;
-    c.hidden = kHidden;
-    c.num_heads = kHeads;
-    c.num_kv_heads = kKvHeads;
-    c.head_dim = kHeadDim;
-    c.qkv_bias = true;
+    const ModelConfig c = Config();
     ModelWeights w;
     std::mt19937 rng(7);
     for (int32_t l = 0; l < kLayers; ++l) {
@@ -55,14 +55,10 @@ class RidgeFillMapsTest : public ::testing::Test {
   }
 
   DeviceBuffer Upload(const std::vector<float>& v) {
-    DeviceBuffer b = *backend_->Alloc(sizeof(float) * v.size());
-    backend_->CopyToDevice(b.as<void>(), v.data(), sizeof(float) * v.size());
-    return b;
+    return testing_synthetic::Upload(*backend_, v);
   }
   Weight Pack(const std::vector<float>& v, int64_t rows, int64_t cols) {
-    const HostTensor view{reinterpret_cast<const uint8_t*>(v.data()), DType::kF32, rows, cols,
-                          sizeof(float) * static_cast<size_t>(cols)};
-    return *backend_->PackWeight({&view, 1});
+    return testing_synthetic::Pack(*backend_, v, rows, cols);
   }
   std::vector<float> Download(const Weight& w) {
     std::vector<float> v(static_cast<size_t>(w.rows() * w.cols()));
