@@ -2,23 +2,24 @@
 """Side-by-side CPU benchmark: this checkout against an older commit, in one run, on the
 default model, with the same threads (a benchmark, not a test).
 
-    scripts/bench_cpu.py [--base REV] [--threads 2] [--isas avx2,avx512] [--head_build DIR]
+    scripts/bench_cpu.py [--base REV] [--threads 2] [--isas avx2,avx512,amx] [--head_build DIR]
                          [--rounds 2] [--json out.json]
 
 Builds REV (default: a4038c3, the last commit with OpenBLAS in the forward pass) in a git
 worktree under build-bench/ (git-ignored), and this checkout's tools in build-bench/head, then
 measures each build alternately: single-stream decode (ridgeserve-eval generate, greedy, 128
 tokens), prefill at 512 and 2048 tokens (bench-prefill), peak RSS of the decode run, and for
-this checkout also decode at 1 and 16 streams (bench-decode, int8 and f32 activations), the
-resident weight bytes it logs, memory read bandwidth and peak FMA throughput (bench_kernels).
+this checkout also decode at 1 and 16 streams (bench-decode, int8 and f32 activations),
+prefill with int8 activations, the resident weight bytes it logs, memory read bandwidth and
+peak FMA throughput (bench_kernels).
 Prints a Markdown table and the decode bandwidth bound: weight bytes read per token divided by
 the measured bandwidth. Each number is the best of --rounds alternating rounds (the machine's
 peaks too, measured once a round). Set OPENBLAS_CORETYPE to force the base build's OpenBLAS
 kernel.
 
---isas avx2,avx512 measures this checkout once per CPU kernel path (RIDGESERVE_CPU_ISA), in the
-same alternation, so a new path is compared with the one it replaces on the same machine; the
-ratio column is the last path against the base.
+--isas avx2,avx512,amx measures this checkout once per CPU kernel path (RIDGESERVE_CPU_ISA), in
+the same alternation, so a new path is compared with the one it replaces on the same machine;
+the ratio column is the last path against the base.
 """
 
 import argparse
@@ -138,6 +139,11 @@ def main():
                                       isa_env(env, isa))
                 keep_best(name, {f"decode_{act}_{r['streams']}_streams_tokens_per_s":
                                  r["tokens_per_second"] for r in dec["results"]})
+            pre, _, _ = eval_json(head_bin, ["bench-prefill", "--lengths", "512,2048", "--threads",
+                                             str(args.threads), "--cpu_activations", "int8"],
+                                  isa_env(env, isa))
+            keep_best(name, {f"prefill_int8_{r['prompt_tokens']}_tokens_per_s":
+                             r["tokens_per_second"] for r in pre["results"]})
         keep_best(runs[-1][0], kernel_peaks(head_bin, env))
     last = runs[-1][0]
     head = results[last]
@@ -157,6 +163,8 @@ def main():
     row("prefill 512 (tokens/s)", "prefill_512_tokens_per_s", "{:.0f}")
     row("prefill 2048 (tokens/s)", "prefill_2048_tokens_per_s", "{:.0f}")
     row("prefill 512 (GFLOP/s)", "prefill_512_gflop_per_s")
+    row("prefill 512, int8 activations (tokens/s)", "prefill_int8_512_tokens_per_s", "{:.0f}")
+    row("prefill 2048, int8 activations (tokens/s)", "prefill_int8_2048_tokens_per_s", "{:.0f}")
     row("peak RSS, decode run (MB)", "peak_rss_bytes", "{:.0f}", 1e-6)
     for name, _, _ in runs[1:]:
         for act in ("int8", "f32"):

@@ -20,6 +20,8 @@ enum class Isa {
   kScalar,  // portable C++: the reference of the arithmetic order
   kAvx2,    // AVX2 + FMA + F16C (x86-64-v3)
   kAvx512,  // kAvx2 + AVX-512 F, BW, DQ, VL and VNNI: 16-lane f32 tiles, int8 dot products
+  kAmx,     // kAvx512 + AMX-TILE and AMX-INT8, granted by the OS: int8 Linear on many rows
+            // of x in tiles (f32 activations run kAvx512's code)
 };
 
 std::string_view IsaName(Isa isa);
@@ -30,7 +32,7 @@ std::vector<Isa> AvailableIsas();
 // AvailableIsas().back().
 Isa BestIsa();
 
-// RIDGESERVE_CPU_ISA ("scalar", "avx2", "avx512"; unset or "auto" = the best available).
+// RIDGESERVE_CPU_ISA ("scalar", "avx2", "avx512", "amx"; unset or "auto" = the best available).
 // InvalidArgument for an unknown name or a path this CPU cannot run, naming both.
 absl::StatusOr<Isa> IsaFromEnvironment();
 

@@ -3,7 +3,8 @@
 // of x) and a kernel runs MR rows of x against it, so every stored type shares
 // one kernel and multiplies exactly DequantizeRow's values. int8 path: x is quantized once per
 // call, and the kernel reads the packed integers directly. Isa::kAvx512 hands both to
-// linear_avx512.cc after quantizing x here.
+// linear_avx512.cc after quantizing x here; Isa::kAmx hands int8 calls of at least kAmxMinRows
+// rows to linear_amx.cc, and the rest to linear_avx512.cc.
 #include "kernels/cpu/linear.h"
 
 #include <immintrin.h>
@@ -396,6 +397,18 @@ float MinTermScalar(const float* mw, const float* sx, int64_t nb) {
   return ReduceLanes(accm);
 }
 
+// p_b of block b: Σ qw_e qx_e over its 32 integers. Kept scalar: GCC 12 at -O3 with VNNI
+// enabled vectorizes this loop for int8 weights into vpdpbusd, which reads one side as
+// unsigned bytes, and the sums come out wrong.
+__attribute__((noinline, optimize("no-tree-vectorize"))) int32_t BlockDotScalar(Layout layout,
+                                                                                const uint8_t* qw,
+                                                                                int64_t b,
+                                                                                const int8_t* qx) {
+  int32_t p = 0;
+  for (int e = 0; e < kBlock; ++e) p += QuantAt(layout, qw, b, e) * qx[kBlock * b + e];
+  return p;
+}
+
 // y[r * ldy + j] for r < MR, j < NR from quantized rows x (xq.q etc. already at the first row)
 // and weight rows w[j].
 template <int MR, int NR>
@@ -406,14 +419,8 @@ void Int8TileScalar(const QuantizedX& xq, const BlockRow* w, Layout layout, cons
     for (int j = 0; j < NR; ++j) {
       float acc[kLanes] = {};
       for (int64_t b = 0; b < xq.nb; ++b) {
-        const float dd = w[j].d[b] * xq.d[r * xq.nb + b];
-        for (int l = 0; l < kLanes; ++l) {
-          int32_t p = 0;
-          for (int e = 4 * l; e < 4 * l + 4; ++e) {
-            p += QuantAt(layout, w[j].q, b, e) * xr[kBlock * b + e];
-          }
-          acc[l] = std::fma(static_cast<float>(p), dd, acc[l]);
-        }
+        const float p = static_cast<float>(BlockDotScalar(layout, w[j].q, b, xr));
+        acc[b % kLanes] = std::fma(p, w[j].d[b] * xq.d[r * xq.nb + b], acc[b % kLanes]);
       }
       float sum = ReduceLanes(acc);
       if (layout != Layout::kS8) sum = sum + MinTermScalar(w[j].m, xq.s + r * xq.nb, xq.nb);
@@ -422,17 +429,17 @@ void Int8TileScalar(const QuantizedX& xq, const BlockRow* w, Layout layout, cons
   }
 }
 
+// Lanes [0, count) of 8 floats at p, zero past them.
+inline __m256 LoadFirst(const float* p, int count) {
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane));
+}
+
 float MinTermAvx2(const float* mw, const float* sx, int64_t nb) {
   __m256 accm = _mm256_setzero_ps();
-  const int64_t full = nb / kLanes * kLanes;
-  for (int64_t b = 0; b < full; b += kLanes) {
-    accm = _mm256_fmadd_ps(_mm256_loadu_ps(mw + b), _mm256_loadu_ps(sx + b), accm);
-  }
-  if (full < nb) {
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(nb - full)), lane);
-    accm = _mm256_fmadd_ps(_mm256_maskload_ps(mw + full, mask), _mm256_maskload_ps(sx + full, mask),
-                           accm);
+  for (int64_t b = 0; b < nb; b += kLanes) {
+    const int count = static_cast<int>(std::min<int64_t>(kLanes, nb - b));
+    accm = _mm256_fmadd_ps(LoadFirst(mw + b, count), LoadFirst(sx + b, count), accm);
   }
   return ReduceAvx2(accm);
 }
@@ -472,6 +479,20 @@ inline __m256i LoadWeightBlock(const uint8_t* q, int64_t b) {
   }
 }
 
+// The exact sums of 8 blocks: d[t] holds block t's eight lane sums; block t's sum in lane t.
+inline __m256i SumBlocksAvx2(const __m256i d[kLanes]) {
+  // [t0 t1 | t0 t1] pairs, then [t0 t1 t2 t3 | t0 t1 t2 t3] over each half of the lanes.
+  const __m256i q0 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
+  const __m256i q1 =
+      _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
+                          _mm256_permute2x128_si256(q0, q1, 0x31));
+}
+
+// Blocks run 8 at a time: the 8 lane sums of each block (vpmaddubsw, then vpmaddwd) are added
+// into its p_b, so lane l of acc takes blocks l, l + 8, ...; the missing blocks of the last 8
+// add fma(0, 0, acc), which leaves acc as it is.
 template <int MR, int NR, Layout L>
 void Int8TileAvx2(const QuantizedX& xq, const BlockRow* w, const float* bias, float* y,
                   int64_t ldy) {
@@ -480,27 +501,29 @@ void Int8TileAvx2(const QuantizedX& xq, const BlockRow* w, const float* bias, fl
   for (int r = 0; r < MR; ++r) {
     for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
   }
-  for (int64_t b = 0; b < xq.nb; ++b) {
-    __m256i wq[NR], wabs[NR];
-    __m256 dw[NR];
+  for (int64_t b0 = 0; b0 < xq.nb; b0 += kLanes) {
+    const int count = static_cast<int>(std::min<int64_t>(kLanes, xq.nb - b0));
     for (int j = 0; j < NR; ++j) {
-      wq[j] = LoadWeightBlock<L>(w[j].q, b);
-      if constexpr (L == Layout::kS8) wabs[j] = _mm256_abs_epi8(wq[j]);
-      dw[j] = _mm256_set1_ps(w[j].d[b]);
-    }
-    for (int r = 0; r < MR; ++r) {
-      const __m256i xv =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + r * xq.k + kBlock * b));
-      const __m256 dx = _mm256_set1_ps(xq.d[r * xq.nb + b]);
-      for (int j = 0; j < NR; ++j) {
-        __m256i pairs;
-        if constexpr (L == Layout::kS8) {
-          pairs = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(xv, wq[j]));
-        } else {
-          pairs = _mm256_maddubs_epi16(wq[j], xv);
+      const __m256 dw = LoadFirst(w[j].d + b0, count);
+      for (int r = 0; r < MR; ++r) {
+        const int8_t* xr = xq.q + r * xq.k;
+        __m256i lanes[kLanes];
+        for (int t = 0; t < kLanes; ++t) {
+          if (t >= count) {
+            lanes[t] = _mm256_setzero_si256();
+            continue;
+          }
+          const __m256i wq = LoadWeightBlock<L>(w[j].q, b0 + t);
+          const __m256i xv =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + kBlock * (b0 + t)));
+          const __m256i pairs =
+              L == Layout::kS8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xv, wq))
+                               : _mm256_maddubs_epi16(wq, xv);
+          lanes[t] = _mm256_madd_epi16(pairs, ones);
         }
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
-        acc[r][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw[j], dx), acc[r][j]);
+        const __m256 p = _mm256_cvtepi32_ps(SumBlocksAvx2(lanes));
+        const __m256 dx = LoadFirst(xq.d + r * xq.nb + b0, count);
+        acc[r][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, dx), acc[r][j]);
       }
     }
   }
@@ -697,9 +720,11 @@ void Linear(const float* x, int32_t n, const CpuWeight& w, int64_t row_begin, in
     if (activations == Activations::kInt8 && s.layout != Layout::kStored) {
       const int64_t nb = k / kBlock;
       if (!quantized) {
-        scratch.q.resize(static_cast<size_t>(n) * k);
-        scratch.d.resize(static_cast<size_t>(n) * nb);
-        scratch.s.resize(static_cast<size_t>(n) * nb);
+        // Zero rows past n, to a multiple of kAmxRows (QuantizedX).
+        const size_t padded = static_cast<size_t>(RoundUp(n, internal::kAmxRows));
+        scratch.q.assign(padded * k, 0);
+        scratch.d.assign(padded * nb, 0.0f);
+        scratch.s.assign(padded * nb, 0.0f);
         const auto quantize = isa == Isa::kScalar ? QuantizeRowScalar : QuantizeRowAvx2;
 #pragma omp parallel for num_threads(std::max(1, std::min(num_threads, n)))
         for (int32_t i = 0; i < n; ++i) {
@@ -710,12 +735,14 @@ void Linear(const float* x, int32_t n, const CpuWeight& w, int64_t row_begin, in
         quantized = true;
       }
       const QuantizedX xq{scratch.q.data(), scratch.d.data(), scratch.s.data(), k, nb};
-      if (isa == Isa::kAvx512) {
+      if (isa == Isa::kAmx && n >= internal::kAmxMinRows) {
+        internal::LinearInt8Amx(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads);
+      } else if (isa >= Isa::kAvx512) {
         internal::LinearInt8Avx512(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads);
       } else {
         LinearInt8(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads, isa);
       }
-    } else if (isa == Isa::kAvx512) {
+    } else if (isa >= Isa::kAvx512) {
       internal::LinearF32Avx512(x, n, w, r, end - r, bs, ys, rows, num_threads);
     } else {
       LinearF32(x, n, w, r, end - r, bs, ys, rows, num_threads, isa);

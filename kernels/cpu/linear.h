@@ -20,20 +20,22 @@
 // of x is quantized per 32-block b (k is a multiple of 32) as
 //   amax = max |x_e|, dx = amax / 127, q_e = nearbyint(x_e * (127 / amax)) (0 when amax = 0),
 //   sx = dx * float(Σ q_e);
-// then with integer p_l = Σ_{e = 4l}^{4l + 3} qw_e qx_e (exact) for lane l < 8 of block b:
-//   acc[l] = fma(float(p_l), dw_b * dx_b, acc[l]) over b in order;
+// then with the block's integer dot product p_b = Σ_{e < 32} qw_e qx_e (exact):
+//   acc[b mod 8] = fma(float(p_b), dw_b * dx_b, acc[b mod 8]) over b in order;
 //   accm[b mod 8] = fma(mw_b, sx_b, accm[b mod 8]) over b in order (unsigned formats only);
 //   y = (R(acc) + R(accm)) (+ bias[j])  (R(acc) alone for Q8_0).
 // This is ggml's q8 activation scheme with a fixed order: fewer operations per weight than
 // converting w to f32, at a quantization error of 2^-8 of a block's largest activation. On the
 // default model that flips near-tied greedy choices (README, "CPU kernels"), so f32 is the
-// default and int8 is asked for.
+// default and int8 is asked for. A block's sum is one integer however it is added up, so a
+// path may take it from any integer instructions: VNNI's four-product lanes, or AMX tiles.
 //
 // The AVX2 path keeps each accumulator in one 8-lane register; the AVX-512 path
-// (linear_avx512.cc) keeps two, one weight row's in each half of a 16-lane register, and takes
-// the int8 path's p_l from VNNI's vpdpbusd; the scalar path is the same loops written lane by
-// lane. So every path agrees bitwise (tests/kernels/linear_test.cc holds them to it, and to an
-// emulation of this text), for finite inputs.
+// (linear_avx512.cc) keeps two, one weight row's in each half of a 16-lane register, and sums
+// VNNI's vpdpbusd lanes into p_b; the AMX path (linear_amx.cc, int8 on many rows of x) takes
+// p_b for 16 rows of x by 16 weight rows from one tile instruction; the scalar path is the same
+// loops written lane by lane. So every path agrees bitwise (tests/kernels/linear_test.cc holds
+// them to it, and to an emulation of this text), for finite inputs.
 #ifndef RIDGESERVE_KERNELS_CPU_LINEAR_H_
 #define RIDGESERVE_KERNELS_CPU_LINEAR_H_
 

@@ -303,6 +303,29 @@ RS_AVX512 inline __m512i LoadPairBlock(const uint8_t* qa, const uint8_t* qb, int
   }
 }
 
+// The exact sums of 8 blocks of two weight rows: d[t] holds block t's eight lane sums of row a
+// (lower half) and of row b (upper half); returns [a's block sums 0..7 | b's].
+RS_AVX512 inline __m512i SumPairBlocks(const __m512i d[kLanes]) {
+  // Within each 128-bit lane: (t, t + 1) interleaved, then t..t + 3 side by side, each the sum
+  // of that lane's four integers.
+  __m512i quads[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m512i* v = d + 4 * h;
+    const __m512i e01 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[0], v[1]),
+                                         _mm512_maskz_unpackhi_epi32(kAll16, v[0], v[1]));
+    const __m512i e23 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[2], v[3]),
+                                         _mm512_maskz_unpackhi_epi32(kAll16, v[2], v[3]));
+    quads[h] = _mm512_add_epi32(_mm512_maskz_unpacklo_epi64(kAll8, e01, e23),
+                                _mm512_maskz_unpackhi_epi64(kAll8, e01, e23));
+  }
+  // 128-bit lanes 0, 1 are row a's, 2, 3 row b's: add each row's two, then order them
+  // [a: 0..3, a: 4..7, b: 0..3, b: 4..7].
+  const __m512i sum = _mm512_add_epi32(
+      _mm512_maskz_shuffle_i32x4(kAll16, quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+      _mm512_maskz_shuffle_i32x4(kAll16, quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_maskz_shuffle_i32x4(kAll16, sum, sum, _MM_SHUFFLE(3, 1, 2, 0));
+}
+
 // linear.h's accm for weight rows a (lower half) and b (upper half) against one row's sx:
 // accm[b mod 8] = fma(mw_b, sx_b, accm[b mod 8]), the tail's missing lanes as fma(0, 0, .) as
 // MinTermAvx2 does them.
@@ -339,31 +362,47 @@ RS_AVX512 void Int8Tile(const QuantizedX& xq, const BlockRow* w, int64_t prefetc
   for (int r = 0; r < MR; ++r) {
     for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
   }
-  for (int64_t b = 0; b < xq.nb; ++b) {
-    sweep.Step();
-    __m512i wq[NP], shift[NP];
-    __m512 dw[NP];
+  // Blocks 8 at a time: lane l of each half of acc takes blocks l, l + 8, ...; the missing
+  // blocks of the last 8 add fma(0, 0, acc), which leaves acc as it is.
+  for (int64_t b0 = 0; b0 < xq.nb; b0 += kLanes) {
+    const int count = static_cast<int>(std::min<int64_t>(kLanes, xq.nb - b0));
+    const __mmask8 first = static_cast<__mmask8>((1u << count) - 1);
+    for (int t = 0; t < count; ++t) sweep.Step();
     for (int p = 0; p < NP; ++p) {
-      wq[p] = LoadPairBlock<L>(w[2 * p].q, w[2 * p + 1].q, b);
+      __m512i wq[kLanes];
+      for (int t = 0; t < kLanes; ++t) {
+        wq[t] = t < count ? LoadPairBlock<L>(w[2 * p].q, w[2 * p + 1].q, b0 + t) : zero;
+      }
       // vpdpbusd multiplies unsigned by signed bytes. Signed weights take x + 128 as the
-      // unsigned side, and 128 Σ w (per lane of four) comes off again: the same integers.
-      if constexpr (L == Layout::kS8) shift[p] = _mm512_dpbusd_epi32(zero, bias128, wq[p]);
-      dw[p] = PairOf(w[2 * p].d + b, w[2 * p + 1].d + b);
-    }
-    for (int r = 0; r < MR; ++r) {
-      __m512i xv = _mm512_maskz_broadcast_i64x4(
-          kAll8,
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.q + r * xq.k + kBlock * b)));
-      if constexpr (L == Layout::kS8) xv = _mm512_xor_si512(xv, bias128);
-      const __m512 dx = _mm512_set1_ps(xq.d[r * xq.nb + b]);
-      for (int p = 0; p < NP; ++p) {
-        __m512i dot;
-        if constexpr (L == Layout::kS8) {
-          dot = _mm512_sub_epi32(_mm512_dpbusd_epi32(zero, xv, wq[p]), shift[p]);
-        } else {
-          dot = _mm512_dpbusd_epi32(zero, wq[p], xv);
+      // unsigned side, and 128 Σ w comes off each block's sum again: the same integers.
+      __m512i shift = zero;
+      if constexpr (L == Layout::kS8) {
+        __m512i lanes[kLanes];
+        for (int t = 0; t < kLanes; ++t) lanes[t] = _mm512_dpbusd_epi32(zero, bias128, wq[t]);
+        shift = SumPairBlocks(lanes);
+      }
+      const __m512 dw = Pair(_mm256_maskz_loadu_ps(first, w[2 * p].d + b0),
+                             _mm256_maskz_loadu_ps(first, w[2 * p + 1].d + b0));
+      for (int r = 0; r < MR; ++r) {
+        __m512i lanes[kLanes];
+        for (int t = 0; t < kLanes; ++t) {
+          if (t >= count) {
+            lanes[t] = zero;
+            continue;
+          }
+          __m512i xv = _mm512_maskz_broadcast_i64x4(
+              kAll8, _mm256_loadu_si256(
+                         reinterpret_cast<const __m256i*>(xq.q + r * xq.k + kBlock * (b0 + t))));
+          if constexpr (L == Layout::kS8) {
+            lanes[t] = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xv, bias128), wq[t]);
+          } else {
+            lanes[t] = _mm512_dpbusd_epi32(zero, wq[t], xv);
+          }
         }
-        acc[r][p] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, dot), _mm512_mul_ps(dw[p], dx),
+        const __m512i sums = _mm512_sub_epi32(SumPairBlocks(lanes), shift);
+        const __m512 dx = _mm512_maskz_broadcast_f32x8(
+            kAll16, _mm256_maskz_loadu_ps(first, xq.d + r * xq.nb + b0));
+        acc[r][p] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, sums), _mm512_mul_ps(dw, dx),
                                     acc[r][p]);
       }
     }

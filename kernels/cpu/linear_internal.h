@@ -64,7 +64,13 @@ class PrefetchSweep {
   int64_t step_;
 };
 
-// x quantized for one call: q [n, k], d and s [n, nb] (linear.h's dx and sx).
+// Rows of x in an AMX tile: the quantized x is padded with zero rows to a multiple of it.
+constexpr int32_t kAmxRows = 16;
+// Calls with at least this many rows of x take the AMX path where it is present.
+constexpr int32_t kAmxMinRows = 16;
+
+// x quantized for one call: q [n, k], d and s [n, nb] (linear.h's dx and sx), padded to a
+// multiple of kAmxRows rows with zeros.
 struct QuantizedX {
   const int8_t* q;
   const float* d;
@@ -169,6 +175,11 @@ void LinearF32Avx512(const float* x, int32_t n, const CpuWeight& w, int64_t row,
 // int8: local rows [local0, local0 + rows) of one 32-block segment.
 void LinearInt8Avx512(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
                       int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads);
+
+// The AMX path (linear_amx.cc; call only where AvailableIsas() has Isa::kAmx): int8, as
+// LinearInt8Avx512.
+void LinearInt8Amx(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
+                   int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads);
 
 }  // namespace ridgeserve::cpu::internal
 

@@ -4,6 +4,7 @@
 #define RIDGESERVE_TESTS_ENGINE_DEFAULT_MODEL_FIXTURE_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <vector>
@@ -17,8 +18,13 @@ namespace ridgeserve {
 class DefaultModelTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    // RIDGESERVE_CPU_ISA picks the kernel path, so ctest can run the suite on each.
-    auto backend = CreateCpuBackendFromEnvironment(0);
+    // RIDGESERVE_CPU_ISA picks the kernel path, and RIDGESERVE_TEST_ACTIVATIONS (f32 when
+    // unset) the Linear arithmetic, so ctest can run the suite on each.
+    const char* activations_name = std::getenv("RIDGESERVE_TEST_ACTIVATIONS");
+    auto activations =
+        cpu::ParseActivations(activations_name != nullptr ? activations_name : "f32");
+    ASSERT_TRUE(activations.ok()) << activations.status();
+    auto backend = CreateCpuBackendFromEnvironment(0, *activations);
     ASSERT_TRUE(backend.ok()) << backend.status();
     backend_ = backend->release();
     auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, *backend_);

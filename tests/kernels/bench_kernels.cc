@@ -131,12 +131,15 @@ Weight RandomWeight(Backend& backend, DType type, int64_t m, int64_t k, uint32_t
   return *backend.PackWeight({&view, 1});
 }
 
-// y[n, m] = x[n, k] · w[m, k]ᵀ for w stored as F32 (0), Q8_0 (8) or Q4_1 (3), on the path
-// RIDGESERVE_CPU_ISA names (default: the best this CPU has).
+// y[n, m] = x[n, k] · w[m, k]ᵀ for w stored as F32 (0), Q8_0 (8) or Q4_1 (3), with f32 (int8 = 0)
+// or int8 activations (int8 = 1), on the path RIDGESERVE_CPU_ISA names (default: the best this
+// CPU has).
 void BM_Linear(benchmark::State& state) {
   const int32_t n = state.range(0), k = state.range(1), m = state.range(2);
   const DType type = static_cast<DType>(state.range(3));
-  auto backend = *CreateCpuBackendFromEnvironment(kThreads);
+  const cpu::Activations activations =
+      state.range(4) != 0 ? cpu::Activations::kInt8 : cpu::Activations::kF32;
+  auto backend = *CreateCpuBackendFromEnvironment(kThreads, activations);
   const std::vector<float> x = RandomFloats(size_t(n) * k, 1);
   const Weight w = RandomWeight(*backend, type, m, k, 2);
   std::vector<float> y(size_t(n) * m);
@@ -151,15 +154,18 @@ void BM_Linear(benchmark::State& state) {
 }
 // Prefill shapes of the default model, then decode rows (one row: weight bandwidth bound).
 void LinearArgs(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"n", "k", "m", "type"});
+  b->ArgNames({"n", "k", "m", "type", "int8"});
   for (int type : {0, 8, 3}) {
-    b->Args({512, 576, 960, type});   // fused q, k, v
-    b->Args({512, 576, 576, type});   // o projection
-    b->Args({512, 576, 3072, type});  // fused gate and up
-    b->Args({512, 1536, 576, type});  // down
-    b->Args({1, 576, 3072, type});    // decode gate and up
-    b->Args({1, 1536, 576, type});    // decode down
-    b->Args({1, 576, 49152, type});   // LM head for one decode row
+    for (int int8 : {0, 1}) {
+      if (type == 0 && int8 == 1) continue;   // F32 weights have no int8 path
+      b->Args({512, 576, 960, type, int8});   // fused q, k, v
+      b->Args({512, 576, 576, type, int8});   // o projection
+      b->Args({512, 576, 3072, type, int8});  // fused gate and up
+      b->Args({512, 1536, 576, type, int8});  // down
+      b->Args({1, 576, 3072, type, int8});    // decode gate and up
+      b->Args({1, 1536, 576, type, int8});    // decode down
+      b->Args({1, 576, 49152, type, int8});   // LM head for one decode row
+    }
   }
 }
 BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime();

@@ -167,14 +167,12 @@ std::vector<float> ContractInt8(const std::vector<float>& x, int32_t n, const St
     for (int32_t i = 0; i < n; ++i) {
       float acc[8] = {}, accm[8] = {};
       for (int64_t b = 0; b < nb; ++b) {
-        for (int l = 0; l < 8; ++l) {
-          int32_t p = 0;
-          for (int e = 4 * l; e < 4 * l + 4; ++e) {
-            const int32_t qw = has_min ? q[32 * b + e] : static_cast<int8_t>(q[32 * b + e]);
-            p += qw * qx[i * k + 32 * b + e];
-          }
-          acc[l] = std::fma(static_cast<float>(p), dw[b] * dx[i * nb + b], acc[l]);
+        int32_t p = 0;
+        for (int e = 0; e < 32; ++e) {
+          const int32_t qw = has_min ? q[32 * b + e] : static_cast<int8_t>(q[32 * b + e]);
+          p += qw * qx[i * k + 32 * b + e];
         }
+        acc[b % 8] = std::fma(static_cast<float>(p), dw[b] * dx[i * nb + b], acc[b % 8]);
         accm[b % 8] = std::fma(mw[b], sx[i * nb + b], accm[b % 8]);
       }
       auto r = [](const float* a) {
@@ -236,9 +234,9 @@ TEST_P(LinearTest, FollowsTheStatedArithmeticForEveryType) {
                                                                                  : nb * 40;
       EXPECT_EQ(packed.bytes(), packed_bytes);
       const std::vector<float> bias = RandomFloats(m, 4);
-      // Fewer rows than a tile, and more.
+      // Fewer rows than a tile, and more (19: more than an AMX tile's 16).
       for (const float* b : {static_cast<const float*>(nullptr), bias.data()}) {
-        for (int32_t n : {1, 2, 6}) {
+        for (int32_t n : {1, 2, 6, 19}) {
           const std::vector<float> x = RandomFloats(size_t(n) * k, 3);
           std::vector<float> y(size_t(n) * m);
           backend->Linear(x.data(), n, packed, b, y.data());

@@ -1,0 +1,216 @@
+// Linear's AMX path (Isa::kAmx): linear.h's int8 arithmetic for many rows of x. One AMX tile
+// instruction gives p_b, a block's exact integer dot product, for 16 rows of x by 16 weight
+// rows; AVX-512 then applies the scales in linear.h's order. An integer sum is the same however
+// it is added up, so the bits are those of every other path.
+//
+// A thread takes 16 weight rows at a time. Their integers are copied into a panel in the B
+// tile's layout (each block's 4-byte groups of the 16 rows side by side) with their scales, and
+// every 16 rows of x are multiplied against it. The caller pads the quantized x to a multiple
+// of 16 rows with zeros, so every row of an A tile can be loaded.
+//
+// Every function that runs tile or AVX-512 instructions carries the target attribute
+// (linear_internal.h says why); the tile instructions are GCC's inline assembly.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cpu/linear_internal.h"
+
+#define RS_AMX                                                                       \
+  __attribute__((                                                                    \
+      target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,amx-tile," \
+             "amx-int8")))
+
+namespace ridgeserve::cpu::internal {
+namespace {
+
+constexpr int kTile = kAmxRows;                       // rows of x, and weight rows, per tile
+constexpr int64_t kPanelBlockBytes = kBlock * kTile;  // one block of 16 weight rows
+constexpr __mmask16 kAll16 = 0xFFFF;
+
+// Tiles 0 and 1: C, 16 x 16 int32 sums; 2 and 3: A, 16 rows of x, one block (32 bytes) each;
+// 4 and 5: B, one block of 16 weight rows (8 rows of 64 bytes: a 4-byte group of each row).
+struct alignas(64) TileConfig {
+  uint8_t palette;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+alignas(64) constexpr TileConfig kConfig = {
+    1, 0, {}, {64, 64, kBlock, kBlock, 64, 64}, {kTile, kTile, kTile, kTile, 8, 8}};
+
+// One thread's panel of 16 weight rows: block b's integers in B's layout at q + 512 b (group g
+// of row j at byte 64 g + 4 j), its scales at d + 16 b and m + 16 b.
+struct Panel {
+  uint8_t* q;
+  float* d;
+  float* m;
+};
+
+// The panel of weight rows w[0, 16) of one segment (w[j] for j >= nr repeats a real row).
+template <Layout L>
+RS_AMX void FillPanel(const BlockRow* w, int64_t nb, const Panel& panel) {
+  // A segment's rows are one array: each row's scales and integers lie the same number of
+  // bytes from w[0]'s.
+  alignas(64) int32_t offsets[kTile];
+  for (int j = 0; j < kTile; ++j) offsets[j] = static_cast<int32_t>(w[j].q - w[0].q);
+  const __m512i rows = _mm512_load_si512(offsets);
+  const __m512i zero = _mm512_setzero_si512();
+  const __m512i nibble = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* out = panel.q + kPanelBlockBytes * b;
+    if constexpr (L == Layout::kU4) {
+      // Group g < 4 is the low nibbles of bytes 4g..4g+3, group g + 4 their high nibbles.
+      for (int g = 0; g < 4; ++g) {
+        const __m512i v =
+            _mm512_mask_i32gather_epi32(zero, kAll16, rows, w[0].q + 16 * b + 4 * g, 1);
+        _mm512_store_si512(out + 64 * g, _mm512_and_si512(v, nibble));
+        _mm512_store_si512(out + 64 * (g + 4),
+                           _mm512_and_si512(_mm512_maskz_srli_epi32(kAll16, v, 4), nibble));
+      }
+    } else {
+      for (int g = 0; g < 8; ++g) {
+        _mm512_store_si512(out + 64 * g, _mm512_mask_i32gather_epi32(
+                                             zero, kAll16, rows, w[0].q + kBlock * b + 4 * g, 1));
+      }
+    }
+    const __m512 none = _mm512_setzero_ps();
+    _mm512_store_ps(panel.d + kTile * b,
+                    _mm512_mask_i32gather_ps(none, kAll16, rows, w[0].d + b, 1));
+    if constexpr (L != Layout::kS8) {
+      _mm512_store_ps(panel.m + kTile * b,
+                      _mm512_mask_i32gather_ps(none, kAll16, rows, w[0].m + b, 1));
+    }
+  }
+  // The tile loads are assembly that does not say it reads memory: the panel's stores must
+  // not move past them.
+  __asm__ volatile("" ::: "memory");
+}
+
+// a[i] = fma(float(p_b[i][j]), dw_b[j] * dx_b[i], a[i]) for the 16 rows i of x.
+RS_AMX inline void Scale(const int32_t (&sums)[kTile][kTile], const QuantizedX& xq,
+                         const Panel& panel, int64_t b, __m512 (&a)[kTile]) {
+  const __m512 dw = _mm512_load_ps(panel.d + kTile * b);
+  for (int i = 0; i < kTile; ++i) {
+    const __m512 p = _mm512_maskz_cvtepi32_ps(kAll16, _mm512_load_si512(sums[i]));
+    a[i] = _mm512_fmadd_ps(p, _mm512_mul_ps(dw, _mm512_set1_ps(xq.d[i * xq.nb + b])), a[i]);
+  }
+}
+
+// acc[l][i] = lane l of linear.h's acc for row i of x (16 from xq on) against the panel's 16
+// weight rows, one per lane of the vector. Lane l takes blocks l, l + 8, ... in order; two
+// blocks of it are multiplied at a time, in tiles 0 and 1.
+template <Layout L>
+RS_AMX void BlockProducts(const QuantizedX& xq, const Panel& panel, float (*acc)[kTile][kTile]) {
+  alignas(64) int32_t sums[2][kTile][kTile];
+  for (int l = 0; l < kLanes; ++l) {
+    __m512 a[kTile];
+    for (__m512& v : a) v = _mm512_setzero_ps();
+    for (int64_t b = l; b < xq.nb; b += 2 * kLanes) {
+      const bool second = b + kLanes < xq.nb;
+      _tile_loadd(2, xq.q + kBlock * b, xq.k);
+      _tile_loadd(4, panel.q + kPanelBlockBytes * b, 64);
+      _tile_zero(0);
+      if constexpr (L == Layout::kS8) {
+        _tile_dpbssd(0, 2, 4);
+      } else {
+        _tile_dpbsud(0, 2, 4);  // x signed, weights unsigned
+      }
+      if (second) {
+        _tile_loadd(3, xq.q + kBlock * (b + kLanes), xq.k);
+        _tile_loadd(5, panel.q + kPanelBlockBytes * (b + kLanes), 64);
+        _tile_zero(1);
+        if constexpr (L == Layout::kS8) {
+          _tile_dpbssd(1, 3, 5);
+        } else {
+          _tile_dpbsud(1, 3, 5);
+        }
+      }
+      _tile_stored(0, sums[0], 64);
+      Scale(sums[0], xq, panel, b, a);
+      if (second) {
+        _tile_stored(1, sums[1], 64);
+        Scale(sums[1], xq, panel, b + kLanes, a);
+      }
+    }
+    for (int i = 0; i < kTile; ++i) _mm512_store_ps(acc[l][i], a[i]);
+  }
+}
+
+// R of linear.h over 8 lane vectors.
+RS_AMX inline __m512 Reduce(const __m512 (&v)[kLanes]) {
+  return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                       _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
+}
+
+// y[i * ldy + j] for i < mr, j < nr: R(acc) (+ R(accm) for the unsigned formats) (+ bias[j]).
+template <Layout L>
+RS_AMX void StoreTile(const QuantizedX& xq, const Panel& panel, const float (*acc)[kTile][kTile],
+                      int mr, int nr, const float* bias, float* y, int64_t ldy) {
+  const __mmask16 cols = static_cast<__mmask16>((1u << nr) - 1);
+  for (int i = 0; i < mr; ++i) {
+    __m512 lanes[kLanes];
+    for (int l = 0; l < kLanes; ++l) lanes[l] = _mm512_load_ps(acc[l][i]);
+    __m512 sum = Reduce(lanes);
+    if constexpr (L != Layout::kS8) {
+      __m512 accm[kLanes];
+      for (__m512& v : accm) v = _mm512_setzero_ps();
+      for (int64_t b = 0; b < xq.nb; ++b) {
+        accm[b % kLanes] = _mm512_fmadd_ps(_mm512_load_ps(panel.m + kTile * b),
+                                           _mm512_set1_ps(xq.s[i * xq.nb + b]), accm[b % kLanes]);
+      }
+      sum = _mm512_add_ps(sum, Reduce(accm));
+    }
+    if (bias != nullptr) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(cols, bias));
+    _mm512_mask_storeu_ps(y + i * ldy, cols, sum);
+  }
+}
+
+// Weight tiles [tile_begin, tile_end) of local rows [local0, local0 + rows) against every row
+// of x, on this thread.
+template <Layout L>
+RS_AMX void MultiplyTiles(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s,
+                          int64_t local0, int64_t rows, const float* bias, float* y, int64_t ldy,
+                          int64_t tile_begin, int64_t tile_end) {
+  const int64_t nb = xq.nb;
+  // The panel (512 + 128 bytes a block), then the lane accumulators of one tile.
+  float* buffer = PanelBuffer(nb * (kPanelBlockBytes / 4 + 2 * kTile) + kLanes * kTile * kTile);
+  const Panel panel{reinterpret_cast<uint8_t*>(buffer), buffer + nb * kPanelBlockBytes / 4,
+                    buffer + nb * (kPanelBlockBytes / 4 + kTile)};
+  auto* acc = reinterpret_cast<float(*)[kTile][kTile]>(panel.m + nb * kTile);
+  _tile_loadconfig(&kConfig);
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int64_t c0 = tile * kTile;
+    const int nr = static_cast<int>(std::min<int64_t>(kTile, rows - c0));
+    BlockRow w[kTile];
+    for (int j = 0; j < kTile; ++j) w[j] = RowOf(s, local0 + c0 + std::min(j, nr - 1), nb);
+    FillPanel<L>(w, nb, panel);
+    for (int32_t i0 = 0; i0 < n; i0 += kTile) {
+      const QuantizedX x = xq.From(i0);
+      BlockProducts<L>(x, panel, acc);
+      StoreTile<L>(x, panel, acc, std::min(kTile, n - i0), nr,
+                   bias != nullptr ? bias + c0 : nullptr, y + int64_t{i0} * ldy + c0, ldy);
+    }
+  }
+  _tile_release();
+}
+
+using MultiplyFn = void (*)(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s,
+                            int64_t local0, int64_t rows, const float* bias, float* y, int64_t ldy,
+                            int64_t tile_begin, int64_t tile_end);
+
+}  // namespace
+
+void LinearInt8Amx(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
+                   int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads) {
+  const MultiplyFn multiply = s.layout == Layout::kU4   ? MultiplyTiles<Layout::kU4>
+                              : s.layout == Layout::kU8 ? MultiplyTiles<Layout::kU8>
+                                                        : MultiplyTiles<Layout::kS8>;
+  ForTiles((rows + kTile - 1) / kTile, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+    multiply(xq, n, s, local0, rows, bias, y, ldy, tile_begin, tile_end);
+  });
+}
+
+}  // namespace ridgeserve::cpu::internal
