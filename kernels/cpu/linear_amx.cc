@@ -99,43 +99,92 @@ RS_AMX inline void Scale(const int32_t (&sums)[kTile][kTile], const QuantizedX& 
   }
 }
 
-// acc[l][i] = lane l of linear.h's acc for row i of x (16 from xq on) against the panel's 16
-// weight rows, one per lane of the vector. Lane l takes blocks l, l + 8, ... in order; two
-// blocks of it are multiplied at a time, in tiles 0 and 1.
-template <Layout L>
-RS_AMX void BlockProducts(const QuantizedX& xq, const Panel& panel, float (*acc)[kTile][kTile]) {
-  alignas(64) int32_t sums[2][kTile][kTile];
-  for (int l = 0; l < kLanes; ++l) {
-    __m512 a[kTile];
-    for (__m512& v : a) v = _mm512_setzero_ps();
-    for (int64_t b = l; b < xq.nb; b += 2 * kLanes) {
-      const bool second = b + kLanes < xq.nb;
-      _tile_loadd(2, xq.q + kBlock * b, xq.k);
-      _tile_loadd(4, panel.q + kPanelBlockBytes * b, 64);
-      _tile_zero(0);
-      if constexpr (L == Layout::kS8) {
-        _tile_dpbssd(0, 2, 4);
-      } else {
-        _tile_dpbsud(0, 2, 4);  // x signed, weights unsigned
-      }
-      if (second) {
-        _tile_loadd(3, xq.q + kBlock * (b + kLanes), xq.k);
-        _tile_loadd(5, panel.q + kPanelBlockBytes * (b + kLanes), 64);
-        _tile_zero(1);
-        if constexpr (L == Layout::kS8) {
-          _tile_dpbssd(1, 3, 5);
-        } else {
-          _tile_dpbsud(1, 3, 5);
-        }
-      }
-      _tile_stored(0, sums[0], 64);
-      Scale(sums[0], xq, panel, b, a);
-      if (second) {
-        _tile_stored(1, sums[1], 64);
-        Scale(sums[1], xq, panel, b + kLanes, a);
-      }
+// The tile work of one block b in C tile `C`: p_b for the 16 rows of x by the panel's 16 rows.
+template <int C, Layout L>
+RS_AMX inline void MultiplyBlock(const QuantizedX& xq, const Panel& panel, int64_t b) {
+  if constexpr (C == 0) {
+    _tile_loadd(2, xq.q + kBlock * b, xq.k);
+    _tile_loadd(4, panel.q + kPanelBlockBytes * b, 64);
+    _tile_zero(0);
+    if constexpr (L == Layout::kS8) {
+      _tile_dpbssd(0, 2, 4);
+    } else {
+      _tile_dpbsud(0, 2, 4);  // x signed, weights unsigned
     }
-    for (int i = 0; i < kTile; ++i) _mm512_store_ps(acc[l][i], a[i]);
+  } else {
+    _tile_loadd(3, xq.q + kBlock * b, xq.k);
+    _tile_loadd(5, panel.q + kPanelBlockBytes * b, 64);
+    _tile_zero(1);
+    if constexpr (L == Layout::kS8) {
+      _tile_dpbssd(1, 3, 5);
+    } else {
+      _tile_dpbsud(1, 3, 5);
+    }
+  }
+}
+
+template <int C>
+RS_AMX inline void StoreSums(int32_t (&sums)[kTile][kTile]) {
+  if constexpr (C == 0) {
+    _tile_stored(0, sums, 64);
+  } else {
+    _tile_stored(1, sums, 64);
+  }
+}
+
+// The blocks of a tile in lane order (lane 0's blocks 0, 8, ..., then lane 1's, ...), run as a
+// three-stage pipeline: step s multiplies the s-th block into C tile s % 2, stores the sums
+// of the (s-1)-th, and scales the (s-2)-th's (stored a step earlier) into its lane, so the
+// tile unit and the vector units work side by side.
+struct Pipeline {
+  int64_t nb;
+  int32_t (*sums)[kTile][kTile];                  // 3 buffers: step s's block at s % 3
+  int64_t multiply = 0, store = -1, scale = -1;  // block of each stage; -1: none
+  int lane = 0;                                   // lane of the vector accumulators
+
+  static int64_t Next(int64_t b, int64_t nb) {
+    if (b < 0) return -1;
+    if (b + kLanes < nb) return b + kLanes;
+    const int64_t lane = b % kLanes + 1;
+    return lane < std::min<int64_t>(nb, kLanes) ? lane : -1;
+  }
+};
+
+template <int C, Layout L>
+RS_AMX inline void PipelineStep(const QuantizedX& xq, const Panel& panel, int64_t step,
+                                Pipeline& p, __m512 (&a)[kTile], float (*acc)[kTile][kTile]) {
+  if (p.multiply >= 0) MultiplyBlock<C, L>(xq, panel, p.multiply);
+  if (p.store >= 0) StoreSums<1 - C>(p.sums[(step + 2) % 3]);
+  if (p.scale >= 0) {
+    if (p.scale % kLanes != p.lane) {
+      for (int i = 0; i < kTile; ++i) _mm512_store_ps(acc[p.lane][i], a[i]);
+      for (__m512& v : a) v = _mm512_setzero_ps();
+      p.lane = static_cast<int>(p.scale % kLanes);
+    }
+    Scale(p.sums[(step + 1) % 3], xq, panel, p.scale, a);
+  }
+  p.scale = p.store;
+  p.store = p.multiply;
+  p.multiply = Pipeline::Next(p.multiply, p.nb);
+}
+
+// acc[l][i] = lane l of linear.h's acc for row i of x (16 from xq on) against the panel's 16
+// weight rows, one per lane of the vector.
+template <Layout L>
+RS_AMX void BlockProducts(const QuantizedX& xq, const Panel& panel,
+                          float (*acc)[kTile][kTile]) {
+  alignas(64) int32_t sums[3][kTile][kTile];
+  Pipeline p{xq.nb, sums};
+  __m512 a[kTile];
+  for (__m512& v : a) v = _mm512_setzero_ps();
+  for (int64_t step = 0; p.multiply >= 0 || p.store >= 0 || p.scale >= 0; step += 2) {
+    PipelineStep<0, L>(xq, panel, step, p, a, acc);
+    PipelineStep<1, L>(xq, panel, step + 1, p, a, acc);
+  }
+  for (int i = 0; i < kTile; ++i) _mm512_store_ps(acc[p.lane][i], a[i]);
+  // Lanes without blocks (nb < 8) add nothing.
+  for (int l = static_cast<int>(std::min<int64_t>(xq.nb, kLanes)); l < kLanes; ++l) {
+    for (int i = 0; i < kTile; ++i) _mm512_store_ps(acc[l][i], _mm512_setzero_ps());
   }
 }
 
@@ -145,25 +194,37 @@ RS_AMX inline __m512 Reduce(const __m512 (&v)[kLanes]) {
                        _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
 }
 
+// accm[l][i] = lane l of linear.h's accm (unsigned formats) for row i of x (16 from xq on)
+// against the panel's 16 weight rows: fma(mw_b, sx_b, .) over blocks b = l, l + 8, ...
+RS_AMX void MinTerms(const QuantizedX& xq, const Panel& panel, float (*accm)[kTile][kTile]) {
+  for (int l = 0; l < kLanes; ++l) {
+    __m512 am[kTile];
+    for (__m512& v : am) v = _mm512_setzero_ps();
+    for (int64_t b = l; b < xq.nb; b += kLanes) {
+      const __m512 mw = _mm512_load_ps(panel.m + kTile * b);
+      for (int i = 0; i < kTile; ++i) {
+        am[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq.s[i * xq.nb + b]), am[i]);
+      }
+    }
+    for (int i = 0; i < kTile; ++i) _mm512_store_ps(accm[l][i], am[i]);
+  }
+}
+
 // y[i * ldy + j] for i < mr, j < nr: R(acc) (+ R(accm) for the unsigned formats) (+ bias[j]).
 template <Layout L>
-RS_AMX void StoreTile(const QuantizedX& xq, const Panel& panel, const float (*acc)[kTile][kTile],
-                      int mr, int nr, const float* bias, float* y, int64_t ldy) {
+RS_AMX void StoreTile(const float (*acc)[kTile][kTile], const float (*accm)[kTile][kTile], int mr,
+                      int nr, const float* bias, float* y, int64_t ldy) {
   const __mmask16 cols = static_cast<__mmask16>((1u << nr) - 1);
+  const __m512 bv = bias != nullptr ? _mm512_maskz_loadu_ps(cols, bias) : _mm512_setzero_ps();
   for (int i = 0; i < mr; ++i) {
     __m512 lanes[kLanes];
     for (int l = 0; l < kLanes; ++l) lanes[l] = _mm512_load_ps(acc[l][i]);
     __m512 sum = Reduce(lanes);
     if constexpr (L != Layout::kS8) {
-      __m512 accm[kLanes];
-      for (__m512& v : accm) v = _mm512_setzero_ps();
-      for (int64_t b = 0; b < xq.nb; ++b) {
-        accm[b % kLanes] = _mm512_fmadd_ps(_mm512_load_ps(panel.m + kTile * b),
-                                           _mm512_set1_ps(xq.s[i * xq.nb + b]), accm[b % kLanes]);
-      }
-      sum = _mm512_add_ps(sum, Reduce(accm));
+      for (int l = 0; l < kLanes; ++l) lanes[l] = _mm512_load_ps(accm[l][i]);
+      sum = _mm512_add_ps(sum, Reduce(lanes));
     }
-    if (bias != nullptr) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(cols, bias));
+    if (bias != nullptr) sum = _mm512_add_ps(sum, bv);
     _mm512_mask_storeu_ps(y + i * ldy, cols, sum);
   }
 }
@@ -175,11 +236,13 @@ RS_AMX void MultiplyTiles(const QuantizedX& xq, int32_t n, const CpuWeight::Segm
                           int64_t local0, int64_t rows, const float* bias, float* y, int64_t ldy,
                           int64_t tile_begin, int64_t tile_end) {
   const int64_t nb = xq.nb;
-  // The panel (512 + 128 bytes a block), then the lane accumulators of one tile.
-  float* buffer = PanelBuffer(nb * (kPanelBlockBytes / 4 + 2 * kTile) + kLanes * kTile * kTile);
+  // The panel (512 + 128 bytes a block), then the lane accumulators of one tile: acc, accm.
+  float* buffer =
+      PanelBuffer(nb * (kPanelBlockBytes / 4 + 2 * kTile) + 2 * kLanes * kTile * kTile);
   const Panel panel{reinterpret_cast<uint8_t*>(buffer), buffer + nb * kPanelBlockBytes / 4,
                     buffer + nb * (kPanelBlockBytes / 4 + kTile)};
   auto* acc = reinterpret_cast<float(*)[kTile][kTile]>(panel.m + nb * kTile);
+  auto* accm = acc + kLanes;
   _tile_loadconfig(&kConfig);
   for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
     const int64_t c0 = tile * kTile;
@@ -190,8 +253,9 @@ RS_AMX void MultiplyTiles(const QuantizedX& xq, int32_t n, const CpuWeight::Segm
     for (int32_t i0 = 0; i0 < n; i0 += kTile) {
       const QuantizedX x = xq.From(i0);
       BlockProducts<L>(x, panel, acc);
-      StoreTile<L>(x, panel, acc, std::min(kTile, n - i0), nr,
-                   bias != nullptr ? bias + c0 : nullptr, y + int64_t{i0} * ldy + c0, ldy);
+      if constexpr (L != Layout::kS8) MinTerms(x, panel, accm);
+      StoreTile<L>(acc, accm, std::min(kTile, n - i0), nr, bias != nullptr ? bias + c0 : nullptr,
+                   y + int64_t{i0} * ldy + c0, ldy);
     }
   }
   _tile_release();
