@@ -138,9 +138,9 @@ RS_AMX inline void StoreSums(int32_t (&sums)[kTile][kTile]) {
 // tile unit and the vector units work side by side.
 struct Pipeline {
   int64_t nb;
-  int32_t (*sums)[kTile][kTile];                  // 3 buffers: step s's block at s % 3
+  int32_t (*sums)[kTile][kTile];                 // 3 buffers: step s's block at s % 3
   int64_t multiply = 0, store = -1, scale = -1;  // block of each stage; -1: none
-  int lane = 0;                                   // lane of the vector accumulators
+  int lane = 0;                                  // lane of the vector accumulators
 
   static int64_t Next(int64_t b, int64_t nb) {
     if (b < 0) return -1;
@@ -151,8 +151,8 @@ struct Pipeline {
 };
 
 template <int C, Layout L>
-RS_AMX inline void PipelineStep(const QuantizedX& xq, const Panel& panel, int64_t step,
-                                Pipeline& p, __m512 (&a)[kTile], float (*acc)[kTile][kTile]) {
+RS_AMX inline void PipelineStep(const QuantizedX& xq, const Panel& panel, int64_t step, Pipeline& p,
+                                __m512 (&a)[kTile], float (*acc)[kTile][kTile]) {
   if (p.multiply >= 0) MultiplyBlock<C, L>(xq, panel, p.multiply);
   if (p.store >= 0) StoreSums<1 - C>(p.sums[(step + 2) % 3]);
   if (p.scale >= 0) {
@@ -171,8 +171,7 @@ RS_AMX inline void PipelineStep(const QuantizedX& xq, const Panel& panel, int64_
 // acc[l][i] = lane l of linear.h's acc for row i of x (16 from xq on) against the panel's 16
 // weight rows, one per lane of the vector.
 template <Layout L>
-RS_AMX void BlockProducts(const QuantizedX& xq, const Panel& panel,
-                          float (*acc)[kTile][kTile]) {
+RS_AMX void BlockProducts(const QuantizedX& xq, const Panel& panel, float (*acc)[kTile][kTile]) {
   alignas(64) int32_t sums[3][kTile][kTile];
   Pipeline p{xq.nb, sums};
   __m512 a[kTile];
@@ -237,8 +236,7 @@ RS_AMX void MultiplyTiles(const QuantizedX& xq, int32_t n, const CpuWeight::Segm
                           int64_t tile_begin, int64_t tile_end) {
   const int64_t nb = xq.nb;
   // The panel (512 + 128 bytes a block), then the lane accumulators of one tile: acc, accm.
-  float* buffer =
-      PanelBuffer(nb * (kPanelBlockBytes / 4 + 2 * kTile) + 2 * kLanes * kTile * kTile);
+  float* buffer = PanelBuffer(nb * (kPanelBlockBytes / 4 + 2 * kTile) + 2 * kLanes * kTile * kTile);
   const Panel panel{reinterpret_cast<uint8_t*>(buffer), buffer + nb * kPanelBlockBytes / 4,
                     buffer + nb * (kPanelBlockBytes / 4 + kTile)};
   auto* acc = reinterpret_cast<float(*)[kTile][kTile]>(panel.m + nb * kTile);

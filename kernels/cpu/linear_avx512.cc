@@ -97,8 +97,10 @@ RS_AVX512 inline void ConvertPairBlock(const BlockRow& a, const BlockRow& b, int
 }
 
 template <Layout L>
-RS_AVX512 void PairRowsToPanel(const BlockRow& a, const BlockRow& b, int64_t nb, float* out) {
+RS_AVX512 void PairRowsToPanel(const BlockRow& a, const BlockRow& b, int64_t nb, float* out,
+                               PrefetchSweep& sweep) {
   for (int64_t block = 0; block < nb; ++block, out += 2 * kBlock) {
+    sweep.Step();
     __m512 w[4];
     ConvertPairBlock<L>(a, b, block, w);
     for (int g = 0; g < 4; ++g) _mm512_store_ps(out + 16 * g, w[g]);
@@ -112,6 +114,10 @@ RS_AVX512 void PairRowsToPanel(const BlockRow& a, const BlockRow& b, int64_t nb,
 RS_AVX512 void FillPairPanel(const CpuWeight& w, const CpuWeight::Segment& s, int64_t row, int nr,
                              int64_t kpad, float* panel, float* rows) {
   const int64_t k = w.cols(), nb = k / kBlock;
+  // The next tile's rows (a thread's tiles are contiguous rows) stream in while this one's
+  // are converted.
+  PrefetchSweep sweep(s.data + (row + nr - s.row_begin) * static_cast<int64_t>(s.row_bytes),
+                      nr * static_cast<int64_t>(s.row_bytes), std::max<int64_t>(nr / 2 * nb, 1));
   for (int p = 0; p < (nr + 1) / 2; ++p) {
     float* out = panel + 2 * p * kpad;
     const int64_t r0 = row + 2 * p;
@@ -119,13 +125,13 @@ RS_AVX512 void FillPairPanel(const CpuWeight& w, const CpuWeight::Segment& s, in
       const BlockRow a = RowOf(s, r0 - s.row_begin, nb), b = RowOf(s, r0 + 1 - s.row_begin, nb);
       switch (s.layout) {
         case Layout::kU4:
-          PairRowsToPanel<Layout::kU4>(a, b, nb, out);
+          PairRowsToPanel<Layout::kU4>(a, b, nb, out, sweep);
           break;
         case Layout::kU8:
-          PairRowsToPanel<Layout::kU8>(a, b, nb, out);
+          PairRowsToPanel<Layout::kU8>(a, b, nb, out, sweep);
           break;
         default:
-          PairRowsToPanel<Layout::kS8>(a, b, nb, out);
+          PairRowsToPanel<Layout::kS8>(a, b, nb, out, sweep);
       }
       continue;
     }

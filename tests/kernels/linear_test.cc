@@ -29,12 +29,10 @@ constexpr DType kAllTypes[] = {DType::kF32,  DType::kF16,  DType::kBF16, DType::
                                DType::kQ4_K, DType::kQ5_K, DType::kQ6_K};
 
 uint16_t FloatToHalf(float f) {
-  // Values used here are normal f16 numbers well inside the range: truncating is exact enough.
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  const uint32_t sign = (bits >> 16) & 0x8000u;
-  const int32_t exponent = static_cast<int32_t>((bits >> 23) & 0xFF) - 127 + 15;
-  return static_cast<uint16_t>(sign | (uint32_t(exponent) << 10) | ((bits >> 13) & 0x3FF));
+  const _Float16 h = static_cast<_Float16>(f);  // rounded to nearest; tiny values to subnormals
+  uint16_t bits;
+  std::memcpy(&bits, &h, sizeof(bits));
+  return bits;
 }
 
 void PutHalf(uint8_t* p, float f) {
