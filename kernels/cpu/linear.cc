@@ -33,6 +33,7 @@ using internal::kAlignment;
 using internal::kBlock;
 using internal::kLanes;
 using internal::kPrefetchBytes;
+using internal::kTileRows;
 using internal::Layout;
 using internal::PrefetchSweep;
 using internal::QuantizedX;
@@ -55,10 +56,13 @@ size_t PackedRowBytes(Layout layout, int64_t cols) {
   const size_t nb = static_cast<size_t>(cols / kBlock);
   switch (layout) {
     case Layout::kU4:
+    case Layout::kU4T:
       return nb * (8 + 16);
     case Layout::kU8:
+    case Layout::kU8T:
       return nb * (8 + 32);
     case Layout::kS8:
+    case Layout::kS8T:
       return nb * (4 + 32);
     case Layout::kStored:
       break;
@@ -66,18 +70,18 @@ size_t PackedRowBytes(Layout layout, int64_t cols) {
   return 0;
 }
 
-Layout LayoutFor(DType type) {
+Layout LayoutFor(DType type, bool tiles) {
   switch (type) {
     case DType::kQ4_0:
     case DType::kQ4_1:
     case DType::kQ4_K:
-      return Layout::kU4;
+      return tiles ? Layout::kU4T : Layout::kU4;
     case DType::kQ5_0:
     case DType::kQ5_1:
     case DType::kQ5_K:
-      return Layout::kU8;
+      return tiles ? Layout::kU8T : Layout::kU8;
     case DType::kQ8_0:
-      return Layout::kS8;
+      return tiles ? Layout::kS8T : Layout::kS8;
     default:
       return Layout::kStored;
   }
@@ -103,6 +107,63 @@ void RepackRow(DType type, Layout layout, const uint8_t* src, int64_t cols, uint
     }
   } else {
     std::memcpy(out, q.data(), cols);
+  }
+}
+
+// Stored rows src[0, 16) of a 32-block type (nullptr: a zero row past the segment's end) as
+// one tile of `layout` (linear.h).
+void RepackTile(DType type, Layout layout, const uint8_t* const* src, int64_t cols, uint8_t* out) {
+  const int64_t nb = cols / kBlock;
+  std::vector<float> d(kTileRows * nb, 0.0f), m(kTileRows * nb, 0.0f);
+  std::vector<uint8_t> q(kTileRows * cols, 0);
+  for (int j = 0; j < kTileRows; ++j) {
+    if (src[j] != nullptr) {
+      IntegerBlocks32(type, src[j], cols, &d[j * nb], &m[j * nb], &q[j * cols]);
+    }
+  }
+  const int64_t block_bytes = internal::TileBlockBytes(layout);
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* block = out + b * block_bytes;
+    float* dm = reinterpret_cast<float*>(block);
+    for (int j = 0; j < kTileRows; ++j) {
+      dm[j] = d[j * nb + b];
+      if (layout != Layout::kS8T) dm[kTileRows + j] = m[j * nb + b];
+    }
+    uint8_t* qs = block + (layout == Layout::kS8T ? 64 : 128);
+    for (int j = 0; j < kTileRows; ++j) {
+      for (int e = 0; e < kBlock; ++e) {
+        const uint8_t v = q[j * cols + kBlock * b + e];
+        const int g = e / 4;
+        if (layout == Layout::kU4T) {
+          qs[64 * (g % 4) + 4 * j + e % 4] |= static_cast<uint8_t>(g < 4 ? v : v << 4);
+        } else {
+          qs[64 * g + 4 * j + e % 4] = v;
+        }
+      }
+    }
+  }
+}
+
+// Row `local` of a tiled segment to f32: the values DequantizeRow gives (d q + m, or d q).
+void DequantizeTileRow(const CpuWeight::Segment& s, int64_t local, int64_t cols, float* dst) {
+  const uint8_t* tile = internal::TileOf(s, local / kTileRows);
+  const int j = static_cast<int>(local % kTileRows);
+  for (int64_t b = 0; b < cols / kBlock; ++b) {
+    const internal::TileBlock block = internal::BlockOfTile(tile, s.layout, b);
+    for (int e = 0; e < kBlock; ++e) {
+      const int g = e / 4;
+      float q;
+      if (s.layout == Layout::kU4T) {
+        const uint8_t byte = block.q[64 * (g % 4) + 4 * j + e % 4];
+        q = static_cast<float>(g < 4 ? byte & 0x0F : byte >> 4);
+      } else if (s.layout == Layout::kU8T) {
+        q = static_cast<float>(block.q[64 * g + 4 * j + e % 4]);
+      } else {
+        q = static_cast<float>(static_cast<int8_t>(block.q[64 * g + 4 * j + e % 4]));
+      }
+      dst[kBlock * b + e] =
+          s.layout == Layout::kS8T ? block.d[j] * q : std::fma(block.d[j], q, block.m[j]);
+    }
   }
 }
 
@@ -630,11 +691,10 @@ const CpuWeight::Segment& CpuWeight::SegmentOf(int64_t row) const {
   return *(it - 1);
 }
 
-absl::StatusOr<Weight> CpuWeight::Pack(std::span<const HostTensor> parts) {
+absl::StatusOr<Weight> CpuWeight::Pack(std::span<const HostTensor> parts, bool tiles) {
   if (parts.empty()) return absl::InvalidArgumentError("PackWeight: no parts");
   auto weight = std::unique_ptr<CpuWeight>(new CpuWeight());
   weight->cols_ = parts[0].cols;
-  size_t total = 0;
   int64_t rows = 0;
   std::vector<size_t> segment_of_part;
   for (const HostTensor& part : parts) {
@@ -654,7 +714,7 @@ absl::StatusOr<Weight> CpuWeight::Pack(std::span<const HostTensor> parts) {
       return absl::InvalidArgumentError(
           absl::StrCat("PackWeight: rows ", part.row_bytes, " bytes apart hold ", *stored_bytes));
     }
-    const Layout layout = LayoutFor(part.dtype);
+    const Layout layout = LayoutFor(part.dtype, tiles);
     if (weight->segments_.empty() || weight->segments_.back().dtype != part.dtype) {
       const size_t row_bytes =
           layout == Layout::kStored ? *stored_bytes : PackedRowBytes(layout, part.cols);
@@ -663,7 +723,15 @@ absl::StatusOr<Weight> CpuWeight::Pack(std::span<const HostTensor> parts) {
     weight->segments_.back().rows += part.rows;
     segment_of_part.push_back(weight->segments_.size() - 1);
     rows += part.rows;
-    total += weight->segments_.back().row_bytes * static_cast<size_t>(part.rows);
+  }
+  // A tiled segment holds whole tiles, its last padded with zero rows.
+  std::vector<size_t> segment_bytes;
+  size_t total = 0;
+  for (const Segment& segment : weight->segments_) {
+    const int64_t stored_rows =
+        internal::IsTiled(segment.layout) ? RoundUp(segment.rows, kTileRows) : segment.rows;
+    segment_bytes.push_back(segment.row_bytes * static_cast<size_t>(stored_rows));
+    total += segment_bytes.back();
   }
   const size_t rounded = std::max<size_t>(RoundUp(static_cast<int64_t>(total), kAlignment), 64);
   weight->storage_.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlignment, rounded)));
@@ -672,21 +740,46 @@ absl::StatusOr<Weight> CpuWeight::Pack(std::span<const HostTensor> parts) {
                                                      " bytes for a [", rows, ", ", weight->cols_,
                                                      "] weight"));
   }
+  std::memset(weight->storage_.get(), 0, total);
+  std::vector<uint8_t*> segment_data;
   uint8_t* out = weight->storage_.get();
+  for (size_t i = 0; i < weight->segments_.size(); ++i) {
+    weight->segments_[i].data = out;
+    segment_data.push_back(out);
+    out += segment_bytes[i];
+  }
+  // Each segment's stored rows, in order, from its parts.
+  std::vector<std::vector<const uint8_t*>> sources(weight->segments_.size());
   for (size_t p = 0; p < parts.size(); ++p) {
-    const HostTensor& part = parts[p];
-    Segment& segment = weight->segments_[segment_of_part[p]];
-    if (segment.data == nullptr) segment.data = out;
-    for (int64_t r = 0; r < part.rows; ++r, out += segment.row_bytes) {
-      const uint8_t* src = part.data + static_cast<size_t>(r) * part.row_bytes;
-      if (segment.layout == Layout::kStored) {
-        std::memcpy(out, src, segment.row_bytes);
-      } else {
-        RepackRow(part.dtype, segment.layout, src, part.cols, out);
-      }
+    for (int64_t r = 0; r < parts[p].rows; ++r) {
+      sources[segment_of_part[p]].push_back(parts[p].data +
+                                            static_cast<size_t>(r) * parts[p].row_bytes);
     }
   }
   const int64_t cols = weight->cols_;
+  for (size_t i = 0; i < weight->segments_.size(); ++i) {
+    const Segment& segment = weight->segments_[i];
+    uint8_t* dst = segment_data[i];
+    const std::vector<const uint8_t*>& src = sources[i];
+    if (internal::IsTiled(segment.layout)) {
+      for (int64_t r0 = 0; r0 < segment.rows; r0 += kTileRows) {
+        const uint8_t* tile_rows[kTileRows];
+        for (int j = 0; j < kTileRows; ++j) {
+          tile_rows[j] = r0 + j < segment.rows ? src[static_cast<size_t>(r0 + j)] : nullptr;
+        }
+        RepackTile(segment.dtype, segment.layout, tile_rows, cols,
+                   dst + static_cast<size_t>(r0) * segment.row_bytes);
+      }
+      continue;
+    }
+    for (int64_t r = 0; r < segment.rows; ++r, dst += segment.row_bytes) {
+      if (segment.layout == Layout::kStored) {
+        std::memcpy(dst, src[static_cast<size_t>(r)], segment.row_bytes);
+      } else {
+        RepackRow(segment.dtype, segment.layout, src[static_cast<size_t>(r)], cols, dst);
+      }
+    }
+  }
   return Weight(std::move(weight), rows, cols, total);
 }
 
@@ -698,6 +791,8 @@ void DequantizeRows(const CpuWeight& w, int64_t row, int64_t count, float* out, 
     if (s.layout == Layout::kStored) {
       DequantizeStoredRow(s.dtype, s.data + static_cast<size_t>(local) * s.row_bytes, w.cols(),
                           out + i * ld, isa);
+    } else if (internal::IsTiled(s.layout)) {
+      DequantizeTileRow(s, local, w.cols(), out + i * ld);
     } else {
       DequantizeBlockRow(s, local, w.cols(), out + i * ld, isa);
     }
@@ -735,6 +830,8 @@ void Linear(const float* x, int32_t n, const CpuWeight& w, int64_t row_begin, in
         quantized = true;
       }
       const QuantizedX xq{scratch.q.data(), scratch.d.data(), scratch.s.data(), k, nb};
+      // An int8 backend on AVX-512 packs tiles (CpuBackend::PackWeight), others rows.
+      assert(internal::IsTiled(s.layout) == (isa >= Isa::kAvx512));
       if (isa == Isa::kAmx && n >= internal::kAmxMinRows) {
         internal::LinearInt8Amx(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads);
       } else if (isa >= Isa::kAvx512) {

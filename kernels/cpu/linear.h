@@ -5,8 +5,10 @@
 // (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the sub-blocks of Q4_K, Q5_K; kernels/dtype.h) are
 // repacked per row as f32 d[nb], f32 m[nb] and the integers q (4-bit pairs, bytes, or int8),
 // so a Q4_1 model stays at 6 bits a weight; other types (F32, F16, BF16, Q6_K, Q2_K, Q3_K)
-// keep their stored rows. Parts of different types stay separate segments of one weight
-// (Q4_K_M files mix Q4_K and Q6_K rows in one fused projection).
+// keep their stored rows. A backend with int8 activations on AVX-512 packs the 32-block
+// formats in tiles of 16 rows instead (the same bytes a row), laid out for VNNI's and AMX's
+// integer dot products: 16 rows' group of 4 integers side by side. Parts of different types stay
+// separate segments of one weight (Q4_K_M files mix Q4_K and Q6_K rows in one fused projection).
 //
 // Two arithmetics, chosen per backend (Activations) and fixed for every row, n, thread count,
 // row range and dispatch path:
@@ -65,17 +67,25 @@ class CpuWeight final : public WeightStorage {
               // e < 16, the high nibble for e >= 16 (as Q4_1 stores them)
     kU8,      // d[nb], m[nb], then 32 bytes a block, q in [0, 31]
     kS8,      // d[nb], then 32 int8 a block (m = 0)
+    // Tiles of 16 rows (the segment's rows padded with zero rows to a multiple of 16), each
+    // tile block by block: d of its 16 rows (16 floats), m (16 floats; not for kS8T), then the
+    // integers with group g (elements 4g..4g+3) of row j at byte 64 g + 4 j (AMX's B tile):
+    kU4T,  // two groups a byte: group g < 4 in the low nibbles of bytes 64 g + 4 j + e, group
+           // g + 4 in their high nibbles (256 bytes a block)
+    kU8T,  // q in [0, 31], 512 bytes a block
+    kS8T,  // int8, 512 bytes a block
   };
   struct Segment {
     DType dtype = DType::kF32;  // the source type
     Layout layout = Layout::kStored;
     int64_t row_begin = 0;  // first row of the weight in this segment
     int64_t rows = 0;
-    size_t row_bytes = 0;  // bytes of one packed row
+    size_t row_bytes = 0;  // bytes of one packed row (a tile's bytes / 16 for the tiles)
     const uint8_t* data = nullptr;
   };
 
-  static absl::StatusOr<Weight> Pack(std::span<const HostTensor> parts);
+  // tiles: the 32-block formats in 16-row tiles (int8 activations on AVX-512).
+  static absl::StatusOr<Weight> Pack(std::span<const HostTensor> parts, bool tiles);
 
   int64_t cols() const { return cols_; }
   const std::vector<Segment>& segments() const { return segments_; }

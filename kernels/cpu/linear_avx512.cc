@@ -1,9 +1,9 @@
 // Linear's AVX-512 path (Isa::kAvx512): the arithmetic of linear.h, bit for bit, with 16-lane
-// registers. A zmm holds the 8 lanes of one weight row in its lower half and the same 8 lanes
-// of the next row in its upper half, with x's 8 lanes broadcast to both halves; each half then
-// runs exactly the 8-lane accumulator the AVX2 and scalar paths run, and is reduced by the same
-// tree. The int8 tile uses VNNI's vpdpbusd, whose four-product lane sums are linear.h's p_l
-// (exact integers, as the AVX2 path's pairwise sums are).
+// registers. f32: a zmm holds the 8 lanes of one weight row in its lower half and the same 8
+// lanes of the next row in its upper half, with x's 8 lanes broadcast to both halves; each half
+// then runs exactly the 8-lane accumulator the AVX2 and scalar paths run, and is reduced by the
+// same tree. int8 reads the 16-row tiles: lane j of a zmm is row j of the tile, and VNNI's
+// vpdpbusd adds a block's products into its exact integer sum p_b, 4 at a time.
 //
 // Every function here carries the AVX-512 target attribute instead of the file being compiled
 // with AVX-512 flags (linear_internal.h says why).
@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/linear_internal.h"
 
@@ -284,179 +285,117 @@ void LinearF32Fused(const float* x, int32_t n, const CpuWeight::Segment& s, int6
                           });
 }
 
-// ---- int8 -------------------------------------------------------------------------------
+// ---- int8, on 16-row tiles ---------------------------------------------------------
 
-// Block b of rows a and b as one zmm: a's 32 integers, then b's.
+// Block b's integers of a tile's 16 rows as 8 vectors: group g (elements 4g..4g+3) of row j in
+// lanes j of vector g.
 template <Layout L>
-RS_AVX512 inline __m512i LoadPairBlock(const uint8_t* qa, const uint8_t* qb, int64_t block) {
-  if constexpr (L == Layout::kU4) {
-    // [a | b] 16 bytes each: low nibbles are elements 0..15, high nibbles 16..31.
-    const __m256i both = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qa + 16 * block))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(qb + 16 * block)), 1);
-    const __m256i mask = _mm256_set1_epi8(0x0F);
-    const __m256i lo = _mm256_and_si256(both, mask);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(both, 4), mask);
-    // 128-bit lanes [lo a, lo b, hi a, hi b] reordered to [lo a, hi a, lo b, hi b].
-    const __m512i lanes = _mm512_maskz_inserti64x4(kAll8, _mm512_castsi256_si512(lo), hi, 1);
-    return _mm512_maskz_shuffle_i64x2(kAll8, lanes, lanes, 0xD8);
+RS_AVX512 inline void LoadGroups(const uint8_t* q, __m512i (&groups)[kLanes]) {
+  if constexpr (L == Layout::kU4T) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    for (int h = 0; h < 4; ++h) {
+      const __m512i v = _mm512_loadu_si512(q + 64 * h);
+      groups[h] = _mm512_and_si512(v, nibble);
+      groups[h + 4] = _mm512_and_si512(_mm512_maskz_srli_epi32(kAll16, v, 4), nibble);
+    }
   } else {
-    return _mm512_maskz_inserti64x4(
-        kAll8,
-        _mm512_castsi256_si512(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qa + kBlock * block))),
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qb + kBlock * block)), 1);
+    for (int g = 0; g < kLanes; ++g) groups[g] = _mm512_loadu_si512(q + 64 * g);
   }
 }
 
-// The exact sums of 8 blocks of two weight rows: d[t] holds block t's eight lane sums of row a
-// (lower half) and of row b (upper half); returns [a's block sums 0..7 | b's].
-RS_AVX512 inline __m512i SumPairBlocks(const __m512i d[kLanes]) {
-  // Within each 128-bit lane: (t, t + 1) interleaved, then t..t + 3 side by side, each the sum
-  // of that lane's four integers.
-  __m512i quads[2];
-  for (int h = 0; h < 2; ++h) {
-    const __m512i* v = d + 4 * h;
-    const __m512i e01 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[0], v[1]),
-                                         _mm512_maskz_unpackhi_epi32(kAll16, v[0], v[1]));
-    const __m512i e23 = _mm512_add_epi32(_mm512_maskz_unpacklo_epi32(kAll16, v[2], v[3]),
-                                         _mm512_maskz_unpackhi_epi32(kAll16, v[2], v[3]));
-    quads[h] = _mm512_add_epi32(_mm512_maskz_unpacklo_epi64(kAll8, e01, e23),
-                                _mm512_maskz_unpackhi_epi64(kAll8, e01, e23));
-  }
-  // 128-bit lanes 0, 1 are row a's, 2, 3 row b's: add each row's two, then order them
-  // [a: 0..3, a: 4..7, b: 0..3, b: 4..7].
-  const __m512i sum = _mm512_add_epi32(
-      _mm512_maskz_shuffle_i32x4(kAll16, quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
-      _mm512_maskz_shuffle_i32x4(kAll16, quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
-  return _mm512_maskz_shuffle_i32x4(kAll16, sum, sum, _MM_SHUFFLE(3, 1, 2, 0));
+// R of linear.h over 8 lane vectors.
+RS_AVX512 inline __m512 Reduce(const __m512 (&v)[kLanes]) {
+  return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(v[0], v[4]), _mm512_add_ps(v[2], v[6])),
+                       _mm512_add_ps(_mm512_add_ps(v[1], v[5]), _mm512_add_ps(v[3], v[7])));
 }
 
-// linear.h's accm for weight rows a (lower half) and b (upper half) against one row's sx:
-// accm[b mod 8] = fma(mw_b, sx_b, accm[b mod 8]), the tail's missing lanes as fma(0, 0, .) as
-// MinTermAvx2 does them.
-RS_AVX512 inline __m512 MinTermPair(const float* mw_a, const float* mw_b, const float* sx,
-                                    int64_t nb) {
-  __m512 accm = _mm512_setzero_ps();
-  const int64_t full = nb / kLanes * kLanes;
-  for (int64_t b = 0; b < full; b += kLanes) {
-    const __m512 sv = _mm512_maskz_broadcast_f32x8(kAll16, _mm256_loadu_ps(sx + b));
-    accm = _mm512_fmadd_ps(Pair(_mm256_loadu_ps(mw_a + b), _mm256_loadu_ps(mw_b + b)), sv, accm);
-  }
-  if (full < nb) {
-    const __mmask8 mask = static_cast<__mmask8>((1u << (nb - full)) - 1);
-    const __m512 sv = _mm512_maskz_broadcast_f32x8(kAll16, _mm256_maskz_loadu_ps(mask, sx + full));
-    const __m512 mv =
-        Pair(_mm256_maskz_loadu_ps(mask, mw_a + full), _mm256_maskz_loadu_ps(mask, mw_b + full));
-    accm = _mm512_fmadd_ps(mv, sv, accm);
-  }
-  return accm;
-}
-
-// y[r * ldy + j] for r < MR, j < nr (nr <= 2 NP) from quantized rows of x (xq at the first)
-// and weight rows w[0, 2 NP) (w[j] for j >= nr repeats a real row; its results are dropped),
-// contiguous from w[0] on. The tile's blocks run side by side, so it streams in the next
-// tile's rows; prefetch_row_bytes is row_bytes, or 0 where its rows are already in cache.
-template <int MR, int NP, Layout L>
-RS_AVX512 void Int8Tile(const QuantizedX& xq, const BlockRow* w, int64_t prefetch_row_bytes,
-                        const float* bias, int nr, float* y, int64_t ldy) {
-  PrefetchSweep sweep(reinterpret_cast<const char*>(w[0].d) + 2 * NP * prefetch_row_bytes,
-                      2 * NP * prefetch_row_bytes, xq.nb);
+// Tile rows [j0, j1) for one row of x (xq at it): y[j - j0] = R(acc) (+ R(accm)) (+ bias[j - j0]),
+// the 16 rows side by side in the lanes. p_b for the 16 rows is the sum of 8 vpdpbusd (one a
+// group of 4 integers, x's 4 bytes broadcast). The blocks run 8 at a time, block b0 + t into
+// lane vector t. prefetch_bytes: how many bytes of the next tile to stream in (0: none).
+template <Layout L>
+RS_AVX512 void TileRow(const QuantizedX& xq, const uint8_t* tile, int j0, int j1,
+                       int64_t prefetch_bytes, const float* bias, float* y) {
+  PrefetchSweep sweep(tile + xq.nb * TileBlockBytes(L), prefetch_bytes, xq.nb);
   const __m512i zero = _mm512_setzero_si512();
-  const __m512i bias128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[MR][NP];
-  for (int r = 0; r < MR; ++r) {
-    for (int p = 0; p < NP; ++p) acc[r][p] = _mm512_setzero_ps();
-  }
-  // Blocks 8 at a time: lane l of each half of acc takes blocks l, l + 8, ...; the missing
-  // blocks of the last 8 add fma(0, 0, acc), which leaves acc as it is.
+  __m512 acc[kLanes], accm[kLanes];
+  for (int l = 0; l < kLanes; ++l) acc[l] = accm[l] = _mm512_setzero_ps();
   for (int64_t b0 = 0; b0 < xq.nb; b0 += kLanes) {
     const int count = static_cast<int>(std::min<int64_t>(kLanes, xq.nb - b0));
-    const __mmask8 first = static_cast<__mmask8>((1u << count) - 1);
-    for (int t = 0; t < count; ++t) sweep.Step();
-    for (int p = 0; p < NP; ++p) {
-      __m512i wq[kLanes];
-      for (int t = 0; t < kLanes; ++t) {
-        wq[t] = t < count ? LoadPairBlock<L>(w[2 * p].q, w[2 * p + 1].q, b0 + t) : zero;
-      }
-      // vpdpbusd multiplies unsigned by signed bytes. Signed weights take x + 128 as the
-      // unsigned side, and 128 Σ w comes off each block's sum again: the same integers.
-      __m512i shift = zero;
-      if constexpr (L == Layout::kS8) {
-        __m512i lanes[kLanes];
-        for (int t = 0; t < kLanes; ++t) lanes[t] = _mm512_dpbusd_epi32(zero, bias128, wq[t]);
-        shift = SumPairBlocks(lanes);
-      }
-      const __m512 dw = Pair(_mm256_maskz_loadu_ps(first, w[2 * p].d + b0),
-                             _mm256_maskz_loadu_ps(first, w[2 * p + 1].d + b0));
-      for (int r = 0; r < MR; ++r) {
-        __m512i lanes[kLanes];
-        for (int t = 0; t < kLanes; ++t) {
-          if (t >= count) {
-            lanes[t] = zero;
-            continue;
-          }
-          __m512i xv = _mm512_maskz_broadcast_i64x4(
-              kAll8, _mm256_loadu_si256(
-                         reinterpret_cast<const __m256i*>(xq.q + r * xq.k + kBlock * (b0 + t))));
-          if constexpr (L == Layout::kS8) {
-            lanes[t] = _mm512_dpbusd_epi32(zero, _mm512_xor_si512(xv, bias128), wq[t]);
-          } else {
-            lanes[t] = _mm512_dpbusd_epi32(zero, wq[t], xv);
-          }
+    for (int t = 0; t < kLanes; ++t) {
+      if (t >= count) break;
+      const int64_t b = b0 + t;
+      if (prefetch_bytes > 0) sweep.Step();
+      const TileBlock block = BlockOfTile(tile, L, b);
+      __m512i groups[kLanes];
+      LoadGroups<L>(block.q, groups);
+      const int8_t* xb = xq.q + kBlock * b;
+      __m512i p = zero;
+      if constexpr (L == Layout::kS8T) {
+        // vpdpbusd multiplies unsigned by signed bytes: x + 128 as the unsigned side, and
+        // 128 Σ w off again.
+        const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+        __m512i shift = zero;
+        for (int g = 0; g < kLanes; ++g) {
+          int32_t four;
+          std::memcpy(&four, xb + 4 * g, 4);
+          p = _mm512_dpbusd_epi32(p, _mm512_xor_si512(_mm512_set1_epi32(four), flip), groups[g]);
+          shift = _mm512_dpbusd_epi32(shift, flip, groups[g]);
         }
-        const __m512i sums = _mm512_sub_epi32(SumPairBlocks(lanes), shift);
-        const __m512 dx = _mm512_maskz_broadcast_f32x8(
-            kAll16, _mm256_maskz_loadu_ps(first, xq.d + r * xq.nb + b0));
-        acc[r][p] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, sums), _mm512_mul_ps(dw, dx),
-                                    acc[r][p]);
+        p = _mm512_sub_epi32(p, shift);
+      } else {
+        for (int g = 0; g < kLanes; ++g) {
+          int32_t four;
+          std::memcpy(&four, xb + 4 * g, 4);
+          p = _mm512_dpbusd_epi32(p, groups[g], _mm512_set1_epi32(four));
+        }
+      }
+      const __m512 dw = _mm512_loadu_ps(block.d);
+      acc[t] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(kAll16, p),
+                               _mm512_mul_ps(dw, _mm512_set1_ps(xq.d[b])), acc[t]);
+      if constexpr (L != Layout::kS8T) {
+        accm[t] = _mm512_fmadd_ps(_mm512_loadu_ps(block.m), _mm512_set1_ps(xq.s[b]), accm[t]);
       }
     }
   }
-  if constexpr (L == Layout::kS8) {
-    StorePairs<MR, NP>(acc, bias, nr, y, ldy);
-  } else {
-    // y = R(acc) + R(accm): the two reductions of each half, added as linear.h says.
-    for (int r = 0; r < MR; ++r) {
-      for (int p = 0; p < NP && 2 * p < nr; ++p) {
-        const __m512 accm = MinTermPair(w[2 * p].m, w[2 * p + 1].m, xq.s + r * xq.nb, xq.nb);
-        for (int h = 0; h < 2 && 2 * p + h < nr; ++h) {
-          const float sum = h == 0 ? ReduceAvx2(LowerHalf(acc[r][p])) + ReduceAvx2(LowerHalf(accm))
-                                   : ReduceAvx2(UpperHalf(acc[r][p])) + ReduceAvx2(UpperHalf(accm));
-          const int j = 2 * p + h;
-          y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
-        }
-      }
-    }
-  }
+  __m512 sum = Reduce(acc);
+  if constexpr (L != Layout::kS8T) sum = _mm512_add_ps(sum, Reduce(accm));
+  // Lanes [j0, j1) to the front.
+  const __mmask16 lanes = static_cast<__mmask16>(((1u << j1) - 1) & ~((1u << j0) - 1));
+  const __mmask16 first = static_cast<__mmask16>((1u << (j1 - j0)) - 1);
+  sum = _mm512_maskz_compress_ps(lanes, sum);
+  if (bias != nullptr) sum = _mm512_add_ps(sum, _mm512_maskz_loadu_ps(first, bias));
+  _mm512_mask_storeu_ps(y, first, sum);
 }
 
-using Int8TileFn = void (*)(const QuantizedX& xq, const BlockRow* w, int64_t prefetch_row_bytes,
-                            const float* bias, int nr, float* y, int64_t ldy);
-
-template <Layout L>
-Int8TileFn PickInt8Tile(int mr, int np) {
-  static constexpr Int8TileFn kTable[kMrInt8][kNpInt8] = {
-      {Int8Tile<1, 1, L>, Int8Tile<1, 2, L>},
-      {Int8Tile<2, 1, L>, Int8Tile<2, 2, L>},
-      {Int8Tile<3, 1, L>, Int8Tile<3, 2, L>},
-      {Int8Tile<4, 1, L>, Int8Tile<4, 2, L>},
-  };
-  return kTable[mr - 1][np - 1];
-}
-
-Int8TileFn PickInt8Tile(Layout layout, int mr, int np) {
-  switch (layout) {
-    case Layout::kU4:
-      return PickInt8Tile<Layout::kU4>(mr, np);
-    case Layout::kU8:
-      return PickInt8Tile<Layout::kU8>(mr, np);
-    default:
-      return PickInt8Tile<Layout::kS8>(mr, np);
-  }
-}
+using TileRowFn = void (*)(const QuantizedX& xq, const uint8_t* tile, int j0, int j1,
+                           int64_t prefetch_bytes, const float* bias, float* y);
 
 }  // namespace
+
+// The tiles covering local rows [local0, local0 + rows), split over the threads; each runs its
+// tiles for every row of x (the first row streams the next tile's bytes in).
+void LinearInt8Avx512(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
+                      int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads) {
+  const TileRowFn row_fn = s.layout == Layout::kU4T   ? TileRow<Layout::kU4T>
+                           : s.layout == Layout::kU8T ? TileRow<Layout::kU8T>
+                                                      : TileRow<Layout::kS8T>;
+  const int64_t first = local0 / kTileRows, last = (local0 + rows - 1) / kTileRows;
+  const int64_t tile_bytes = kTileRows * static_cast<int64_t>(s.row_bytes);
+  ForTiles(last - first + 1, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+    for (int64_t t = first + tile_begin; t < first + tile_end; ++t) {
+      const int64_t r0 = std::max(local0, t * kTileRows);
+      const int64_t r1 = std::min(local0 + rows, (t + 1) * kTileRows);
+      const int j0 = static_cast<int>(r0 - t * kTileRows),
+                j1 = static_cast<int>(r1 - t * kTileRows);
+      const float* b = bias != nullptr ? bias + (r0 - local0) : nullptr;
+      for (int32_t i = 0; i < n; ++i) {
+        row_fn(xq.From(i), TileOf(s, t), j0, j1, i == 0 ? tile_bytes : 0, b,
+               y + int64_t{i} * ldy + (r0 - local0));
+      }
+    }
+  });
+}
 
 void LinearF32Avx512(const float* x, int32_t n, const CpuWeight& w, int64_t row, int64_t rows,
                      const float* bias, float* y, int64_t ldy, int num_threads) {
@@ -477,17 +416,6 @@ void LinearF32Avx512(const float* x, int32_t n, const CpuWeight& w, int64_t row,
                                          bias != nullptr ? bias + c0 : nullptr, nr,
                                          y + int64_t{i} * ldy + c0, ldy);
       });
-}
-
-void LinearInt8Avx512(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
-                      int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads) {
-  ForBlockTiles<2 * kNpInt8>(n, s, local0, rows, xq.nb, kMrInt8, num_threads,
-                             [&](int32_t i, int mr, int64_t c0, int nr, const BlockRow* w) {
-                               PickInt8Tile(s.layout, mr, (nr + 1) / 2)(
-                                   xq.From(i), w, i == 0 ? static_cast<int64_t>(s.row_bytes) : 0,
-                                   bias != nullptr ? bias + c0 : nullptr, nr,
-                                   y + int64_t{i} * ldy + c0, ldy);
-                             });
 }
 
 }  // namespace ridgeserve::cpu::internal

@@ -43,6 +43,37 @@ inline BlockRow RowOf(const CpuWeight::Segment& s, int64_t local_row, int64_t nb
   return {d, d + nb, reinterpret_cast<const uint8_t*>(d + 2 * nb)};
 }
 
+// The 16-row tiles (kU4T, kU8T, kS8T; linear.h).
+constexpr int kTileRows = 16;
+
+inline bool IsTiled(Layout layout) {
+  return layout == Layout::kU4T || layout == Layout::kU8T || layout == Layout::kS8T;
+}
+
+// Block b of a tile: its 16 rows' scales and their integers.
+struct TileBlock {
+  const float* d;
+  const float* m;  // nullptr for kS8T
+  const uint8_t* q;
+};
+
+// Bytes of one block of a tile: d, m, the integers.
+inline int64_t TileBlockBytes(Layout layout) {
+  return layout == Layout::kU4T ? 64 + 64 + 256 : layout == Layout::kU8T ? 64 + 64 + 512 : 64 + 512;
+}
+
+// The first byte of tile `tile` (rows [16 tile, 16 tile + 16) of the segment).
+inline const uint8_t* TileOf(const CpuWeight::Segment& s, int64_t tile) {
+  return s.data + tile * kTileRows * static_cast<int64_t>(s.row_bytes);
+}
+
+inline TileBlock BlockOfTile(const uint8_t* tile, Layout layout, int64_t b) {
+  const uint8_t* p = tile + b * TileBlockBytes(layout);
+  const float* d = reinterpret_cast<const float*>(p);
+  if (layout == Layout::kS8T) return {d, nullptr, p + 64};
+  return {d, d + kTileRows, p + 128};
+}
+
 // How far ahead of the weight bytes it reads a decode tile asks for the next ones.
 constexpr int64_t kPrefetchBytes = 4096;
 
@@ -65,7 +96,7 @@ class PrefetchSweep {
 };
 
 // Rows of x in an AMX tile: the quantized x is padded with zero rows to a multiple of it.
-constexpr int32_t kAmxRows = 16;
+constexpr int32_t kAmxRows = kTileRows;
 // Calls with at least this many rows of x take the AMX path where it is present.
 constexpr int32_t kAmxMinRows = 16;
 
@@ -172,12 +203,12 @@ constexpr std::array<std::array<Fn, N>, M> TileTable() {
 // f32: rows [row, row + rows) of w (rows of the whole weight, any segments), y rows ldy apart.
 void LinearF32Avx512(const float* x, int32_t n, const CpuWeight& w, int64_t row, int64_t rows,
                      const float* bias, float* y, int64_t ldy, int num_threads);
-// int8: local rows [local0, local0 + rows) of one 32-block segment.
+// int8: local rows [local0, local0 + rows) of one segment in 16-row tiles.
 void LinearInt8Avx512(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
                       int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads);
 
 // The AMX path (linear_amx.cc; call only where AvailableIsas() has Isa::kAmx): int8, as
-// LinearInt8Avx512.
+// LinearInt8Avx512, for at least kAmxMinRows rows of x.
 void LinearInt8Amx(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
                    int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads);
 
