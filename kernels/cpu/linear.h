@@ -33,10 +33,11 @@
 // path may take it from any integer instructions: VNNI's four-product lanes, or AMX tiles.
 //
 // The AVX2 path keeps each accumulator in one 8-lane register; the AVX-512 path
-// (linear_avx512.cc) keeps two, one weight row's in each half of a 16-lane register, and sums
-// VNNI's vpdpbusd lanes into p_b; the AMX path (linear_amx.cc, int8 on many rows of x) takes
-// p_b for 16 rows of x by 16 weight rows from one tile instruction; the scalar path is the same
-// loops written lane by lane. So every path agrees bitwise (tests/kernels/linear_test.cc holds
+// (linear_avx512.cc) keeps two for f32, one weight row's in each half of a 16-lane register,
+// and for int8 sixteen, one lane for each row of a 16-row tile, with p_b from VNNI's vpdpbusd;
+// the AMX path (linear_amx.cc, int8 on 16 or more rows of x) takes p_b for 16 rows of x by 16
+// weight rows from one tile instruction; the scalar path is the same loops written lane by
+// lane. So every path agrees bitwise (tests/kernels/linear_test.cc holds
 // them to it, and to an emulation of this text), for finite inputs.
 #ifndef RIDGESERVE_KERNELS_CPU_LINEAR_H_
 #define RIDGESERVE_KERNELS_CPU_LINEAR_H_
