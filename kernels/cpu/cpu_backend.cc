@@ -76,8 +76,8 @@ class CpuBackend final : public Backend {
   void Synchronize() override {}
 
   absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) override {
-    return cpu::CpuWeight::Pack(
-        parts, activations_ == cpu::Activations::kInt8 && isa_ >= cpu::Isa::kAvx512);
+    return cpu::CpuWeight::Pack(parts,
+                                activations_ == cpu::Activations::kInt8 && isa_ >= cpu::Isa::kAvx2);
   }
 
   absl::Status UnpackWeight(const Weight& w, int64_t row_begin, int64_t rows,

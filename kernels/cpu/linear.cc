@@ -1,10 +1,10 @@
-// Linear on the CPU. Each thread takes a contiguous range of w's rows in tiles of kNr (f32) or
-// kNrInt8 rows. f32 path: a tile is converted to an f32 panel in L1 (once per block of rows
-// of x) and a kernel runs MR rows of x against it, so every stored type shares
-// one kernel and multiplies exactly DequantizeRow's values. int8 path: x is quantized once per
-// call, and the kernel reads the packed integers directly. Isa::kAvx512 hands both to
-// linear_avx512.cc after quantizing x here; Isa::kAmx hands int8 calls of at least kAmxMinRows
-// rows to linear_amx.cc, and the rest to linear_avx512.cc.
+// Linear on the CPU. Each thread takes a contiguous range of w's rows in tiles. f32 path: a
+// tile is converted to an f32 panel in L1 (once per block of rows of x) and a kernel runs MR
+// rows of x against it, so every stored type shares one kernel and multiplies exactly
+// DequantizeRow's values. int8 path: x is quantized once per call, and the kernel reads the
+// packed integers directly (AVX2 and better: the 16-row tiles; scalar: the rows).
+// Isa::kAvx512 hands both to linear_avx512.cc after quantizing x here; Isa::kAmx hands int8
+// calls of at least kAmxMinRows rows to linear_amx.cc, and the rest to linear_avx512.cc.
 #include "kernels/cpu/linear.h"
 
 #include <immintrin.h>
@@ -47,8 +47,7 @@ using internal::TileTable;
 // from L2, 2 vectors per 12 FMAs.
 constexpr int kMr = 2;
 constexpr int kNr = 6;
-// int8 tile: 4 rows of x by 2 rows of w (8 accumulators, 2 weight blocks, sign/abs copies for
-// int8 weights and broadcast scales fill the registers).
+// Scalar int8 tile (the row layouts): 4 rows of x by 2 rows of w.
 constexpr int kMrInt8 = 4;
 constexpr int kNrInt8 = 2;
 
@@ -490,21 +489,6 @@ void Int8TileScalar(const QuantizedX& xq, const BlockRow* w, Layout layout, cons
   }
 }
 
-// Lanes [0, count) of 8 floats at p, zero past them.
-inline __m256 LoadFirst(const float* p, int count) {
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(count), lane));
-}
-
-float MinTermAvx2(const float* mw, const float* sx, int64_t nb) {
-  __m256 accm = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; b += kLanes) {
-    const int count = static_cast<int>(std::min<int64_t>(kLanes, nb - b));
-    accm = _mm256_fmadd_ps(LoadFirst(mw + b, count), LoadFirst(sx + b, count), accm);
-  }
-  return ReduceAvx2(accm);
-}
-
 }  // namespace
 
 namespace internal {
@@ -528,71 +512,70 @@ float* PanelBuffer(int64_t floats) {
 
 namespace {
 
+// R of linear.h over 8 lane vectors (8 rows side by side).
+inline __m256 ReduceRowsAvx2(const __m256 (&v)[kLanes]) {
+  return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(v[0], v[4]), _mm256_add_ps(v[2], v[6])),
+                       _mm256_add_ps(_mm256_add_ps(v[1], v[5]), _mm256_add_ps(v[3], v[7])));
+}
+
+// TileRow of linear_avx512.cc on AVX2: tile rows [j0, j1) for one row of x, the tile's two
+// halves of 8 rows one after the other, a row in each lane. p_b for 8 rows is the sum of 8
+// vpmaddwd(vpmaddubsw(group g of the 8 rows, x's 4 bytes broadcast), 1), exact (pair sums stay
+// within int16: at most 2 * 128 * 127). The blocks run 8 at a time, block b0 + t into lane
+// vector t.
 template <Layout L>
-inline __m256i LoadWeightBlock(const uint8_t* q, int64_t b) {
-  if constexpr (L == Layout::kU4) {
-    const __m128i qs = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * b));
-    const __m128i low_mask = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low_mask),
-                            _mm_and_si128(qs, low_mask));
-  } else {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + kBlock * b));
-  }
-}
-
-// The exact sums of 8 blocks: d[t] holds block t's eight lane sums; block t's sum in lane t.
-inline __m256i SumBlocksAvx2(const __m256i d[kLanes]) {
-  // [t0 t1 | t0 t1] pairs, then [t0 t1 t2 t3 | t0 t1 t2 t3] over each half of the lanes.
-  const __m256i q0 =
-      _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]));
-  const __m256i q1 =
-      _mm256_hadd_epi32(_mm256_hadd_epi32(d[4], d[5]), _mm256_hadd_epi32(d[6], d[7]));
-  return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20),
-                          _mm256_permute2x128_si256(q0, q1, 0x31));
-}
-
-// Blocks run 8 at a time: the 8 lane sums of each block (vpmaddubsw, then vpmaddwd) are added
-// into its p_b, so lane l of acc takes blocks l, l + 8, ...; the missing blocks of the last 8
-// add fma(0, 0, acc), which leaves acc as it is.
-template <int MR, int NR, Layout L>
-void Int8TileAvx2(const QuantizedX& xq, const BlockRow* w, const float* bias, float* y,
-                  int64_t ldy) {
+void TileRowAvx2(const QuantizedX& xq, const uint8_t* tile, int j0, int j1, int64_t prefetch_bytes,
+                 const float* bias, float* y) {
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[MR][NR];
-  for (int r = 0; r < MR; ++r) {
-    for (int j = 0; j < NR; ++j) acc[r][j] = _mm256_setzero_ps();
-  }
-  for (int64_t b0 = 0; b0 < xq.nb; b0 += kLanes) {
-    const int count = static_cast<int>(std::min<int64_t>(kLanes, xq.nb - b0));
-    for (int j = 0; j < NR; ++j) {
-      const __m256 dw = LoadFirst(w[j].d + b0, count);
-      for (int r = 0; r < MR; ++r) {
-        const int8_t* xr = xq.q + r * xq.k;
-        __m256i lanes[kLanes];
-        for (int t = 0; t < kLanes; ++t) {
-          if (t >= count) {
-            lanes[t] = _mm256_setzero_si256();
-            continue;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  PrefetchSweep sweep(tile + xq.nb * internal::TileBlockBytes(L), prefetch_bytes, xq.nb);
+  for (int h = 0; h < kTileRows / kLanes; ++h) {
+    const int lo = std::max(j0, kLanes * h), hi = std::min(j1, kLanes * (h + 1));
+    if (lo >= hi) continue;
+    __m256 acc[kLanes], accm[kLanes];
+    for (int l = 0; l < kLanes; ++l) acc[l] = accm[l] = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < xq.nb; b0 += kLanes) {
+      const int count = static_cast<int>(std::min<int64_t>(kLanes, xq.nb - b0));
+      for (int t = 0; t < kLanes; ++t) {
+        if (t >= count) break;
+        const int64_t b = b0 + t;
+        if (prefetch_bytes > 0 && h == 0) sweep.Step();
+        const internal::TileBlock block = internal::BlockOfTile(tile, L, b);
+        const int8_t* xb = xq.q + kBlock * b;
+        __m256i p = _mm256_setzero_si256();
+        for (int g = 0; g < kLanes; ++g) {
+          __m256i w;
+          if constexpr (L == Layout::kU4T) {
+            const __m256i v = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i*>(block.q + 64 * (g % 4) + 32 * h));
+            w = _mm256_and_si256(g < 4 ? v : _mm256_srli_epi16(v, 4), nibble);
+          } else {
+            w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block.q + 64 * g + 32 * h));
           }
-          const __m256i wq = LoadWeightBlock<L>(w[j].q, b0 + t);
-          const __m256i xv =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + kBlock * (b0 + t)));
+          int32_t four;
+          std::memcpy(&four, xb + 4 * g, 4);
+          const __m256i x4 = _mm256_set1_epi32(four);
           const __m256i pairs =
-              L == Layout::kS8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(wq), _mm256_sign_epi8(xv, wq))
-                               : _mm256_maddubs_epi16(wq, xv);
-          lanes[t] = _mm256_madd_epi16(pairs, ones);
+              L == Layout::kS8T ? _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x4, w))
+                                : _mm256_maddubs_epi16(w, x4);
+          p = _mm256_add_epi32(p, _mm256_madd_epi16(pairs, ones));
         }
-        const __m256 p = _mm256_cvtepi32_ps(SumBlocksAvx2(lanes));
-        const __m256 dx = LoadFirst(xq.d + r * xq.nb + b0, count);
-        acc[r][j] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, dx), acc[r][j]);
+        const __m256 dw = _mm256_loadu_ps(block.d + kLanes * h);
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw, _mm256_set1_ps(xq.d[b])),
+                                 acc[t]);
+        if constexpr (L != Layout::kS8T) {
+          accm[t] = _mm256_fmadd_ps(_mm256_loadu_ps(block.m + kLanes * h), _mm256_set1_ps(xq.s[b]),
+                                    accm[t]);
+        }
       }
     }
-  }
-  for (int r = 0; r < MR; ++r) {
-    for (int j = 0; j < NR; ++j) {
-      float sum = ReduceAvx2(acc[r][j]);
-      if constexpr (L != Layout::kS8) sum = sum + MinTermAvx2(w[j].m, xq.s + r * xq.nb, xq.nb);
-      y[r * ldy + j] = bias != nullptr ? sum + bias[j] : sum;
+    __m256 sum = ReduceRowsAvx2(acc);
+    if constexpr (L != Layout::kS8T) sum = _mm256_add_ps(sum, ReduceRowsAvx2(accm));
+    alignas(32) float rows[kLanes];
+    _mm256_store_ps(rows, sum);
+    for (int j = lo; j < hi; ++j) {
+      const float v = rows[j - kLanes * h];
+      y[j - j0] = bias != nullptr ? v + bias[j - j0] : v;
     }
   }
 }
@@ -607,30 +590,24 @@ void Int8TileScalarFor(const QuantizedX& xq, const BlockRow* w, const float* bia
 }
 
 template <Layout L>
-Int8TileFn PickInt8Tile(Isa isa, int mr, int nr) {
-  static constexpr Int8TileFn kAvx2[kMrInt8][kNrInt8] = {
-      {Int8TileAvx2<1, 1, L>, Int8TileAvx2<1, 2, L>},
-      {Int8TileAvx2<2, 1, L>, Int8TileAvx2<2, 2, L>},
-      {Int8TileAvx2<3, 1, L>, Int8TileAvx2<3, 2, L>},
-      {Int8TileAvx2<4, 1, L>, Int8TileAvx2<4, 2, L>},
-  };
+Int8TileFn PickInt8Tile(int mr, int nr) {
   static constexpr Int8TileFn kScalar[kMrInt8][kNrInt8] = {
       {Int8TileScalarFor<1, 1, L>, Int8TileScalarFor<1, 2, L>},
       {Int8TileScalarFor<2, 1, L>, Int8TileScalarFor<2, 2, L>},
       {Int8TileScalarFor<3, 1, L>, Int8TileScalarFor<3, 2, L>},
       {Int8TileScalarFor<4, 1, L>, Int8TileScalarFor<4, 2, L>},
   };
-  return isa == Isa::kScalar ? kScalar[mr - 1][nr - 1] : kAvx2[mr - 1][nr - 1];
+  return kScalar[mr - 1][nr - 1];
 }
 
-Int8TileFn PickInt8Tile(Isa isa, Layout layout, int mr, int nr) {
+Int8TileFn PickInt8Tile(Layout layout, int mr, int nr) {
   switch (layout) {
     case Layout::kU4:
-      return PickInt8Tile<Layout::kU4>(isa, mr, nr);
+      return PickInt8Tile<Layout::kU4>(mr, nr);
     case Layout::kU8:
-      return PickInt8Tile<Layout::kU8>(isa, mr, nr);
+      return PickInt8Tile<Layout::kU8>(mr, nr);
     default:
-      return PickInt8Tile<Layout::kS8>(isa, mr, nr);
+      return PickInt8Tile<Layout::kS8>(mr, nr);
   }
 }
 
@@ -662,14 +639,24 @@ void LinearF32(const float* x, int32_t n, const CpuWeight& w, int64_t j0, int64_
       });
 }
 
-void LinearInt8(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
-                int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads, Isa isa) {
+// int8 on the scalar path: the row layouts.
+void LinearInt8Scalar(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
+                      int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads) {
   ForBlockTiles<kNrInt8>(n, s, local0, rows, xq.nb, kMrInt8, num_threads,
                          [&](int32_t i, int mr, int64_t c0, int nr, const BlockRow* w) {
-                           PickInt8Tile(isa, s.layout, mr, nr)(
-                               xq.From(i), w, bias != nullptr ? bias + c0 : nullptr,
-                               y + int64_t{i} * ldy + c0, ldy);
+                           PickInt8Tile(s.layout, mr, nr)(xq.From(i), w,
+                                                          bias != nullptr ? bias + c0 : nullptr,
+                                                          y + int64_t{i} * ldy + c0, ldy);
                          });
+}
+
+// int8 on AVX2: the 16-row tiles.
+void LinearInt8Avx2(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
+                    int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads) {
+  const auto row_fn = s.layout == Layout::kU4T   ? TileRowAvx2<Layout::kU4T>
+                      : s.layout == Layout::kU8T ? TileRowAvx2<Layout::kU8T>
+                                                 : TileRowAvx2<Layout::kS8T>;
+  internal::ForTileRows(xq, n, s, local0, rows, bias, y, ldy, num_threads, row_fn);
 }
 }  // namespace
 
@@ -830,14 +817,16 @@ void Linear(const float* x, int32_t n, const CpuWeight& w, int64_t row_begin, in
         quantized = true;
       }
       const QuantizedX xq{scratch.q.data(), scratch.d.data(), scratch.s.data(), k, nb};
-      // An int8 backend on AVX-512 packs tiles (CpuBackend::PackWeight), others rows.
-      assert(internal::IsTiled(s.layout) == (isa >= Isa::kAvx512));
+      // An int8 backend on AVX2 or better packs tiles (CpuBackend::PackWeight), scalar rows.
+      assert(internal::IsTiled(s.layout) == (isa >= Isa::kAvx2));
       if (isa == Isa::kAmx && n >= internal::kAmxMinRows) {
         internal::LinearInt8Amx(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads);
       } else if (isa >= Isa::kAvx512) {
         internal::LinearInt8Avx512(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads);
+      } else if (isa == Isa::kAvx2) {
+        LinearInt8Avx2(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads);
       } else {
-        LinearInt8(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads, isa);
+        LinearInt8Scalar(xq, n, s, r - s.row_begin, end - r, bs, ys, rows, num_threads);
       }
     } else if (isa >= Isa::kAvx512) {
       internal::LinearF32Avx512(x, n, w, r, end - r, bs, ys, rows, num_threads);

@@ -5,10 +5,11 @@
 // (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the sub-blocks of Q4_K, Q5_K; kernels/dtype.h) are
 // repacked per row as f32 d[nb], f32 m[nb] and the integers q (4-bit pairs, bytes, or int8),
 // so a Q4_1 model stays at 6 bits a weight; other types (F32, F16, BF16, Q6_K, Q2_K, Q3_K)
-// keep their stored rows. A backend with int8 activations on AVX-512 packs the 32-block
-// formats in tiles of 16 rows instead (the same bytes a row), laid out for VNNI's and AMX's
-// integer dot products: 16 rows' group of 4 integers side by side. Parts of different types stay
-// separate segments of one weight (Q4_K_M files mix Q4_K and Q6_K rows in one fused projection).
+// keep their stored rows. A backend with int8 activations on AVX2 or better packs the 32-block
+// formats in tiles of 16 rows instead (the same bytes a row), laid out for the integer dot
+// products of AVX2, VNNI and AMX: 16 rows' group of 4 integers side by side. Parts of different
+// types stay separate segments of one weight (Q4_K_M files mix Q4_K and Q6_K rows in one fused
+// projection).
 //
 // Two arithmetics, chosen per backend (Activations) and fixed for every row, n, thread count,
 // row range and dispatch path:
@@ -32,7 +33,8 @@
 // default and int8 is asked for. A block's sum is one integer however it is added up, so a
 // path may take it from any integer instructions: VNNI's four-product lanes, or AMX tiles.
 //
-// The AVX2 path keeps each accumulator in one 8-lane register; the AVX-512 path
+// The AVX2 path keeps each accumulator in one 8-lane register (int8: one lane for each of 8
+// rows of a tile, p_b from vpmaddubsw and vpmaddwd); the AVX-512 path
 // (linear_avx512.cc) keeps two for f32, one weight row's in each half of a 16-lane register,
 // and for int8 sixteen, one lane for each row of a 16-row tile, with p_b from VNNI's vpdpbusd;
 // the AMX path (linear_amx.cc, int8 on 16 or more rows of x) takes p_b for 16 rows of x by 16
@@ -85,7 +87,7 @@ class CpuWeight final : public WeightStorage {
     const uint8_t* data = nullptr;
   };
 
-  // tiles: the 32-block formats in 16-row tiles (int8 activations on AVX-512).
+  // tiles: the 32-block formats in 16-row tiles (int8 activations on AVX2 and better).
   static absl::StatusOr<Weight> Pack(std::span<const HostTensor> parts, bool tiles);
 
   int64_t cols() const { return cols_; }

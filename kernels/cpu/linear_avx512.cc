@@ -373,28 +373,12 @@ using TileRowFn = void (*)(const QuantizedX& xq, const uint8_t* tile, int j0, in
 
 }  // namespace
 
-// The tiles covering local rows [local0, local0 + rows), split over the threads; each runs its
-// tiles for every row of x (the first row streams the next tile's bytes in).
 void LinearInt8Avx512(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
                       int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads) {
   const TileRowFn row_fn = s.layout == Layout::kU4T   ? TileRow<Layout::kU4T>
                            : s.layout == Layout::kU8T ? TileRow<Layout::kU8T>
                                                       : TileRow<Layout::kS8T>;
-  const int64_t first = local0 / kTileRows, last = (local0 + rows - 1) / kTileRows;
-  const int64_t tile_bytes = kTileRows * static_cast<int64_t>(s.row_bytes);
-  ForTiles(last - first + 1, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
-    for (int64_t t = first + tile_begin; t < first + tile_end; ++t) {
-      const int64_t r0 = std::max(local0, t * kTileRows);
-      const int64_t r1 = std::min(local0 + rows, (t + 1) * kTileRows);
-      const int j0 = static_cast<int>(r0 - t * kTileRows),
-                j1 = static_cast<int>(r1 - t * kTileRows);
-      const float* b = bias != nullptr ? bias + (r0 - local0) : nullptr;
-      for (int32_t i = 0; i < n; ++i) {
-        row_fn(xq.From(i), TileOf(s, t), j0, j1, i == 0 ? tile_bytes : 0, b,
-               y + int64_t{i} * ldy + (r0 - local0));
-      }
-    }
-  });
+  ForTileRows(xq, n, s, local0, rows, bias, y, ldy, num_threads, row_fn);
 }
 
 void LinearF32Avx512(const float* x, int32_t n, const CpuWeight& w, int64_t row, int64_t rows,

@@ -183,6 +183,32 @@ void ForBlockTiles(int32_t n, const CpuWeight::Segment& s, int64_t local0, int64
   });
 }
 
+// The int8 loop over a tiled segment: the tiles covering local rows [local0, local0 + rows),
+// split over the threads; each thread runs its tiles for every row of x.
+// row_fn(x, tile, j0, j1, prefetch_bytes, bias, y) computes tile rows [j0, j1) for row x of x
+// into y[0, j1 - j0) (with bias[0, j1 - j0) or nullptr); the first row of x streams in the
+// next tile (prefetch_bytes of it, 0 for the other rows).
+template <typename RowFn>
+void ForTileRows(const QuantizedX& xq, int32_t n, const CpuWeight::Segment& s, int64_t local0,
+                 int64_t rows, const float* bias, float* y, int64_t ldy, int num_threads,
+                 RowFn row_fn) {
+  const int64_t first = local0 / kTileRows, last = (local0 + rows - 1) / kTileRows;
+  const int64_t tile_bytes = kTileRows * static_cast<int64_t>(s.row_bytes);
+  ForTiles(last - first + 1, num_threads, [&](int64_t tile_begin, int64_t tile_end) {
+    for (int64_t t = first + tile_begin; t < first + tile_end; ++t) {
+      const int64_t r0 = std::max(local0, t * kTileRows);
+      const int64_t r1 = std::min(local0 + rows, (t + 1) * kTileRows);
+      const int j0 = static_cast<int>(r0 - t * kTileRows),
+                j1 = static_cast<int>(r1 - t * kTileRows);
+      const float* b = bias != nullptr ? bias + (r0 - local0) : nullptr;
+      for (int32_t i = 0; i < n; ++i) {
+        row_fn(xq.From(i), TileOf(s, t), j0, j1, i == 0 ? tile_bytes : 0, b,
+               y + int64_t{i} * ldy + (r0 - local0));
+      }
+    }
+  });
+}
+
 // table[m - 1][j - 1] = Tile<m, j>::fn for m <= M, j <= N: a tile kernel for every partial
 // tile, picked at run time.
 template <typename Fn, template <int, int> class Tile, int M, int... J>

@@ -224,9 +224,9 @@ TEST_P(LinearTest, FollowsTheStatedArithmeticForEveryType) {
       EXPECT_EQ(packed.rows(), m);
       EXPECT_EQ(packed.cols(), k);
       // The stored bytes, or for the 32-block formats f32 scales with the same integers (in
-      // 16-row tiles, the last padded with zero rows, for int8 on AVX-512).
+      // 16-row tiles, the last padded with zero rows, for int8 on AVX2 and better).
       const bool tiles = GetParam().activations == cpu::Activations::kInt8 &&
-                         GetParam().isa >= cpu::Isa::kAvx512 && HasIntegerBlocks32(type);
+                         GetParam().isa >= cpu::Isa::kAvx2 && HasIntegerBlocks32(type);
       const size_t nb = static_cast<size_t>((tiles ? 16 : m) * k / 32);
       const size_t packed_bytes =
           !HasIntegerBlocks32(type)                                              ? w.bytes.size()
