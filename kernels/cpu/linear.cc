@@ -802,11 +802,15 @@ void Linear(const float* x, int32_t n, const CpuWeight& w, int64_t row_begin, in
     if (activations == Activations::kInt8 && s.layout != Layout::kStored) {
       const int64_t nb = k / kBlock;
       if (!quantized) {
-        // Zero rows past n, to a multiple of kAmxRows (QuantizedX).
-        const size_t padded = static_cast<size_t>(RoundUp(n, internal::kAmxRows));
-        scratch.q.assign(padded * k, 0);
-        scratch.d.assign(padded * nb, 0.0f);
-        scratch.s.assign(padded * nb, 0.0f);
+        // Zero rows past n, to a multiple of kAmxRows (QuantizedX); rows [0, n) are written
+        // below, so only the padding is cleared.
+        const size_t rows_q = static_cast<size_t>(n), padded = RoundUp(n, internal::kAmxRows);
+        scratch.q.resize(padded * k);
+        scratch.d.resize(padded * nb);
+        scratch.s.resize(padded * nb);
+        std::fill(scratch.q.begin() + rows_q * k, scratch.q.end(), int8_t{0});
+        std::fill(scratch.d.begin() + rows_q * nb, scratch.d.end(), 0.0f);
+        std::fill(scratch.s.begin() + rows_q * nb, scratch.s.end(), 0.0f);
         const auto quantize = isa == Isa::kScalar ? QuantizeRowScalar : QuantizeRowAvx2;
 #pragma omp parallel for num_threads(std::max(1, std::min(num_threads, n)))
         for (int32_t i = 0; i < n; ++i) {
