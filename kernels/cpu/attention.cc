@@ -1,11 +1,15 @@
 // Paged attention, flash-style on the CPU.
 //
-// Work is split into items (tile, kv head): a tile is up to kTileRows rows of one sequence
-// (sorted by position), and the item computes the num_heads / num_kv_heads query heads of
-// those rows that share the kv head. For each chunk of kAttentionChunk context positions the
-// item gathers the chunk's K rows transposed ([head_dim, chunk], so one vector holds one
-// dimension of many keys) and V row pointers once, then runs every row of the tile that
-// reaches the chunk against them: K and V are read from memory once per tile, not per row.
+// Work is split into items (tile, kv heads): a tile is up to kTileRows rows of one sequence
+// (sorted by position), and the item computes, for each of its kv heads, the
+// num_heads / num_kv_heads query heads of those rows that share it. With a few tiles (one
+// long sequence) an item has one kv head, so the threads share the sequence; with many (decode
+// of a batch) it has all of them, so it reads its cache slots whole, in address order. For
+// each chunk of kAttentionChunk context positions and kv head the item gathers the chunk's K
+// rows transposed ([head_dim, chunk], so one vector holds one dimension of many keys) and V
+// row pointers once, then runs every row of the tile that reaches the chunk against them: K
+// and V are read from memory once per tile, not per row, and the next chunk's are prefetched
+// into L2 while this one is computed.
 //
 // Per row and query head the arithmetic is fixed by the row alone:
 //   s_j   = fl(q . k_j) * scale, the dot product one FMA chain over d = 0..head_dim-1;
@@ -40,6 +44,8 @@ static_assert(kChunk % kLanes == 0);
 // Rows per tile: enough to amortize the K transpose of each chunk, few enough that a long
 // prefill still yields many items for the threads.
 constexpr int kTileRows = 32;
+// Tiles per thread from which an item covers every kv head of its tile.
+constexpr int kTilesPerThread = 4;
 // Register blocking: queries x key vectors in ScoreTile, queries x head_dim vectors in
 // AccumulateTile. AVX-512 has 32 vector registers, AVX2 16.
 constexpr int kMaxVecBlock = 4;
@@ -361,66 +367,90 @@ void RowChunk(const Geometry& g, const float* q, const float* kt, const float* c
 }
 
 struct Item {
-  int32_t begin;  // into the position-sorted row order
-  int32_t count;  // rows in the tile
-  int32_t kv_head;
-  int64_t cost;  // chunk visits, for scheduling the longest items first
+  int32_t begin;             // into the position-sorted row order
+  int32_t count;             // rows in the tile
+  int32_t kv_begin, kv_end;  // kv heads [kv_begin, kv_end)
+  int64_t cost;              // chunk visits, for scheduling the longest items first
 };
 
-// Computes the group of query heads sharing `kv_head` for the tile's rows.
+// Computes the groups of query heads sharing kv heads [kv_begin, kv_end) for the tile's rows,
+// chunk by chunk, every kv head of a chunk before the next chunk: the chunk's cache slots are
+// read as whole rows, so consecutive slots are adjacent in memory.
 void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
              const KvLayerView& cache, const AttentionRows& rows, const Geometry& g, float scale,
              int32_t out_ld, float* out, Scratch& scratch) {
   const int32_t* tile = order + item.begin;
   const int n_rows = item.count;
+  const int heads = item.kv_end - item.kv_begin;
   const int32_t seq = rows.seq[tile[0]];
   const int32_t* block_table = rows.block_tables + rows.block_table_offsets[seq];
   int32_t max_pos = 0;
   for (int t = 0; t < n_rows; ++t) max_pos = std::max(max_pos, rows.positions[tile[t]]);
 
-  const int state = g.group * g.head_dim;  // acc floats per row
+  const int state = g.group * g.head_dim;  // acc floats per row and kv head
+  const size_t head_state = size_t(n_rows) * state;
+  const int ml_stride = kTileRows * g.group;  // m (and l) floats per kv head
   float* kt = scratch.kt.Get(size_t(g.head_dim) * kChunk);
   float* p = scratch.p.Get(size_t(g.group) * kChunk);
-  float* acc = scratch.acc.Get(size_t(n_rows) * state);
+  float* acc = scratch.acc.Get(heads * head_state);
   float* alpha = scratch.alpha.Get(g.group);
-  float* m = scratch.ml.Get(2 * size_t(kTileRows) * g.group);
-  float* l = m + kTileRows * g.group;
-  std::fill(acc, acc + size_t(n_rows) * state, 0.0f);
-  std::fill(m, m + n_rows * g.group, kNegInf);
-  std::fill(l, l + n_rows * g.group, 0.0f);
+  float* m = scratch.ml.Get(2 * size_t(heads) * ml_stride);
+  float* l = m + heads * ml_stride;
+  std::fill(acc, acc + heads * head_state, 0.0f);
+  std::fill(m, m + heads * ml_stride, kNegInf);
+  std::fill(l, l + heads * ml_stride, 0.0f);
   const float** k = scratch.k.data();
   const float** v = scratch.v.data();
   const bool widen = cache.dtype != DType::kF32;
   float* kw = widen ? scratch.kw.Get(size_t(kChunk) * g.head_dim) : nullptr;
   float* vw = widen ? scratch.vw.Get(size_t(kChunk) * g.head_dim) : nullptr;
 
-  const int32_t head_offset = item.kv_head * g.head_dim;
+  const int64_t elem = static_cast<int64_t>(ElementBytes(cache.dtype));
+  const auto slot_of = [&](int32_t pos) {
+    return int64_t{block_table[pos / cache.block_size]} * cache.block_size + pos % cache.block_size;
+  };
+  // The item's part of a slot's K and V rows.
+  const int64_t first_byte = int64_t{item.kv_begin} * g.head_dim * elem;
+  const int64_t item_bytes = int64_t{heads} * g.head_dim * elem;
   for (int32_t base = 0; base <= max_pos; base += kChunk) {
     const int nk = std::min<int32_t>(kChunk, max_pos - base + 1);
-    for (int j = 0; j < nk; ++j) {
-      const int32_t pos = base + j;
-      const int64_t slot =
-          int64_t{block_table[pos / cache.block_size]} * cache.block_size + pos % cache.block_size;
-      const int64_t offset = slot * g.kv_stride + head_offset;
-      k[j] = CacheRow(cache.k, cache.dtype, offset, g.head_dim, kw, j);
-      v[j] = CacheRow(cache.v, cache.dtype, offset, g.head_dim, vw, j);
+    // The next chunk streams in while this one is computed.
+    for (int32_t pos = base + kChunk; pos <= std::min(max_pos, base + 2 * kChunk - 1); ++pos) {
+      const int64_t at = slot_of(pos) * g.kv_stride * elem + first_byte;
+      for (int64_t b = 0; b < item_bytes; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(cache.k + at + b), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(cache.v + at + b), _MM_HINT_T1);
+      }
     }
-    TransposeKeys(k, nk, g.head_dim, kt);
-    for (int t = 0; t < n_rows; ++t) {
-      const int32_t r = tile[t];
-      const int32_t pos = rows.positions[r];
-      if (pos < base) continue;
-      const int n = std::min<int32_t>(kChunk, pos - base + 1);
-      RowChunk(g, q + int64_t{r} * ld + item.kv_head * state, kt, v, n, base == 0, scale, p, alpha,
-               m + t * g.group, l + t * g.group, acc + size_t(t) * state);
+    for (int h = 0; h < heads; ++h) {
+      const int32_t kv_head = item.kv_begin + h;
+      for (int j = 0; j < nk; ++j) {
+        const int64_t offset = slot_of(base + j) * g.kv_stride + kv_head * g.head_dim;
+        k[j] = CacheRow(cache.k, cache.dtype, offset, g.head_dim, kw, j);
+        v[j] = CacheRow(cache.v, cache.dtype, offset, g.head_dim, vw, j);
+      }
+      TransposeKeys(k, nk, g.head_dim, kt);
+      for (int t = 0; t < n_rows; ++t) {
+        const int32_t r = tile[t];
+        const int32_t pos = rows.positions[r];
+        if (pos < base) continue;
+        const int n = std::min<int32_t>(kChunk, pos - base + 1);
+        float* mh = m + h * ml_stride + t * g.group;
+        RowChunk(g, q + int64_t{r} * ld + kv_head * state, kt, v, n, base == 0, scale, p, alpha, mh,
+                 mh + heads * ml_stride, acc + h * head_state + size_t(t) * state);
+      }
     }
   }
-  for (int t = 0; t < n_rows; ++t) {
-    float* o = out + int64_t{tile[t]} * out_ld + item.kv_head * state;
-    const float* a = acc + size_t(t) * state;
-    for (int h = 0; h < g.group; ++h) {
-      const float lh = l[t * g.group + h];
-      for (int d = 0; d < g.head_dim; ++d) o[h * g.head_dim + d] = a[h * g.head_dim + d] / lh;
+  for (int h = 0; h < heads; ++h) {
+    for (int t = 0; t < n_rows; ++t) {
+      float* o = out + int64_t{tile[t]} * out_ld + (item.kv_begin + h) * state;
+      const float* a = acc + h * head_state + size_t(t) * state;
+      const float* lt = l + h * ml_stride + t * g.group;
+      for (int qh = 0; qh < g.group; ++qh) {
+        for (int d = 0; d < g.head_dim; ++d) {
+          o[qh * g.head_dim + d] = a[qh * g.head_dim + d] / lt[qh];
+        }
+      }
     }
   }
 }
@@ -443,7 +473,11 @@ void PagedAttention(const float* q, int32_t ld, int32_t num_heads, const KvLayer
     if (rows.seq[a] != rows.seq[b]) return rows.seq[a] < rows.seq[b];
     return rows.positions[a] < rows.positions[b];
   });
-  std::vector<Item> items;
+  struct Tile {
+    int32_t begin, count;
+    int64_t cost;
+  };
+  std::vector<Tile> tiles;
   for (int32_t begin = 0; begin < rows.num_rows;) {
     int32_t end = begin;
     int64_t cost = 0;
@@ -452,8 +486,19 @@ void PagedAttention(const float* q, int32_t ld, int32_t num_heads, const KvLayer
       cost += rows.positions[order[end]] / kChunk + 1;
       ++end;
     }
-    for (int32_t h = 0; h < cache.num_kv_heads; ++h) items.push_back({begin, end - begin, h, cost});
+    tiles.push_back({begin, end - begin, cost});
     begin = end;
+  }
+  // An item takes every kv head of its tile (whole cache rows, read in address order) when
+  // there are enough tiles to keep the threads busy, else one kv head.
+  const int32_t heads_per_item =
+      int64_t(tiles.size()) >= kTilesPerThread * std::max(num_threads, 1) ? cache.num_kv_heads : 1;
+  std::vector<Item> items;
+  for (const Tile& t : tiles) {
+    for (int32_t h = 0; h < cache.num_kv_heads; h += heads_per_item) {
+      const int32_t h_end = std::min(h + heads_per_item, cache.num_kv_heads);
+      items.push_back({t.begin, t.count, h, h_end, t.cost * (h_end - h)});
+    }
   }
   std::stable_sort(items.begin(), items.end(),
                    [](const Item& a, const Item& b) { return a.cost > b.cost; });

@@ -275,7 +275,7 @@ void BM_AttentionDecode(benchmark::State& state) {
 }
 BENCHMARK(BM_AttentionDecode)
     ->ArgNames({"seqs", "context", "kv"})
-    ->ArgsProduct({{1, 16}, {2048}, {0, 1, 30}})
+    ->ArgsProduct({{1, 16}, {192, 2048}, {0, 1, 30}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 
