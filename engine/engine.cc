@@ -201,6 +201,9 @@ struct Engine::Impl {
   std::vector<float> logits;
   std::vector<float> draft_logits;
   int64_t steps = 0;
+  double step_seconds = 0.0;
+  double forward_seconds = 0.0;
+  int64_t step_rows = 0;
   std::thread thread;
 };
 
@@ -319,6 +322,7 @@ void Engine::Impl::FinishWith(uint64_t id, FinishReason reason, absl::Status sta
 }
 
 void Engine::Impl::Step() {
+  const Clock::time_point start = Clock::now();
   const StepPlan plan = scheduler->Schedule();
   const StepPlan draft_plan = draft_scheduler != nullptr ? draft_scheduler->Schedule() : StepPlan{};
   if (plan.chunks.empty() && draft_plan.chunks.empty()) {
@@ -346,6 +350,7 @@ void Engine::Impl::Step() {
   if (!plan.chunks.empty()) RunTarget(plan);
   if (!draft_plan.chunks.empty()) RunDraft(draft_plan);
   ++steps;
+  step_seconds += Seconds(start, Clock::now());
 }
 
 std::vector<int32_t> Engine::Impl::CalibrationRowsOf(const StepPlan& plan,
@@ -451,10 +456,13 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   const std::vector<int32_t> calibration = CalibrationRowsOf(plan, batch, chunk_row);
   if (!calibration.empty()) capture.depths = options.calibration_rows.depths;
   const bool capturing = !captured.empty() || !calibration.empty();
+  const Clock::time_point forward_start = Clock::now();
   absl::Status status =
       executor != nullptr
           ? executor->Forward(batch, logits, wanted)
           : model.llama->Forward(batch, *cache, logits, capturing ? &capture : nullptr, wanted);
+  forward_seconds += Seconds(forward_start, Clock::now());
+  step_rows += batch.num_rows();
   if (status.ok() && !calibration.empty()) {
     options.calibration_rows.take(capture.states, calibration);
   }
@@ -626,8 +634,10 @@ void Engine::Impl::RunDraft(const StepPlan& plan) {
       captured.emplace_back(&l, p);
     }
   }
+  const Clock::time_point forward_start = Clock::now();
   const absl::Status status =
       draft.llama->Forward(batch, *draft_cache, draft_logits, &capture, nullptr);
+  forward_seconds += Seconds(forward_start, Clock::now());
   if (!status.ok()) {
     spdlog::error("draft forward failed: {}", status.ToString());
     for (const ScheduledChunk& chunk : plan.chunks) {
@@ -764,6 +774,9 @@ void Engine::Impl::Publish() {
   published.num_preemptions = s.num_preemptions + d.num_preemptions;
   published.num_prefix_hit_tokens = s.num_prefix_hit_tokens;
   published.num_steps = steps;
+  published.step_seconds = step_seconds;
+  published.forward_seconds = forward_seconds;
+  published.step_rows = step_rows;
 }
 
 void Engine::Impl::RunTasks() {

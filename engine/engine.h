@@ -170,7 +170,13 @@ struct EngineStats {
   int32_t kv_block_size = 0;
   int64_t num_preemptions = 0;
   int64_t num_prefix_hit_tokens = 0;
+  // Steps that ran the model, since the start; of their wall time, forward_seconds in the
+  // model's forward passes (target and draft), the rest on the engine thread around them
+  // (scheduling, building the batch, sampling, handing tokens to their requests).
   int64_t num_steps = 0;
+  double step_seconds = 0.0;
+  double forward_seconds = 0.0;
+  int64_t step_rows = 0;  // rows of the target model's forward passes (prompt and decode)
 };
 
 class Engine {

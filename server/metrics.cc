@@ -1,5 +1,6 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <exception>
 #include <initializer_list>
 #include <utility>
@@ -86,6 +87,12 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
         OneValue("ridgeserve_num_preemptions_total",
                  "Requests preempted (their KV blocks freed, to be recomputed).",
                  MetricType::Counter, static_cast<double>(s.num_preemptions)),
+        OneValue("ridgeserve_engine_steps_total", "Engine steps that ran the model.",
+                 MetricType::Counter, static_cast<double>(s.num_steps)),
+        OneValue("ridgeserve_engine_step_rows_total",
+                 "Rows (prompt and decode tokens) of the model's forward passes in engine steps.",
+                 MetricType::Counter, static_cast<double>(s.step_rows)),
+        StepSeconds(s),
     };
     if (ridgefill_ != nullptr) AppendRidgeFill(ridgefill_(), families);
     if (online_ != nullptr) AppendOnline(online_(), families);
@@ -97,6 +104,27 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
   std::function<OnlineCalibrationStatus()> online_;
 
  private:
+  // Engine steps' wall time by part: in the model's forward passes, and on the engine thread
+  // around them.
+  static prometheus::MetricFamily StepSeconds(const EngineStats& s) {
+    prometheus::MetricFamily family{
+        "ridgeserve_engine_step_seconds_total",
+        "Wall time of engine steps: part forward in the model's forward passes (target and "
+        "draft), part host on the engine thread around them (scheduling, building the batch, "
+        "sampling, handing tokens to their requests).",
+        prometheus::MetricType::Counter,
+        {}};
+    const std::pair<const char*, double> parts[] = {
+        {"forward", s.forward_seconds},
+        {"host", std::max(0.0, s.step_seconds - s.forward_seconds)}};
+    for (const auto& [part, seconds] : parts) {
+      prometheus::ClientMetric& c = family.metric.emplace_back();
+      c.label.push_back({"part", part});
+      c.counter.value = seconds;
+    }
+    return family;
+  }
+
   static void AppendRidgeFill(const RidgeFillMapsSnapshot& m,
                               std::vector<prometheus::MetricFamily>& out) {
     using prometheus::MetricType;

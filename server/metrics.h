@@ -40,7 +40,9 @@
 //   usually decodes 1, so one histogram would mix two distributions.
 // - Read from Engine::stats() at scrape time (never stale): ridgeserve_num_requests_running,
 //   ridgeserve_num_requests_waiting, ridgeserve_kv_cache_usage_ratio (used / total blocks),
-//   ridgeserve_num_preemptions_total.
+//   ridgeserve_num_preemptions_total, ridgeserve_engine_steps_total,
+//   ridgeserve_engine_step_rows_total and ridgeserve_engine_step_seconds_total{part} (forward:
+//   the model's forward passes; host: the rest of the steps, on the engine thread).
 // - ridgeserve_build_info{version, model, backend, tensor_parallel} 1.
 // - Read from the RidgeFill maps manager at scrape time (SetRidgeFillMaps):
 //   ridgeserve_ridgefill_maps_state{state} (1 for the state now, 0 for the others: none,

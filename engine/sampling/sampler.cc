@@ -1,9 +1,12 @@
 #include "engine/sampling/sampler.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
 #include <cstddef>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -64,11 +67,59 @@ std::vector<float> LogSoftmax(std::span<const float> logits) {
 }
 
 int32_t Argmax(std::span<const float> logits) {
-  size_t best = 0;
-  for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[best]) best = i;
+  // kChains independent chains of 8 lanes, each lane holding the largest value it has seen and
+  // the first index holding it (-inf and -1 before any: a value enters only by being larger,
+  // so a NaN never does); then the largest value over the lanes, the lowest index among equals.
+  // One greedy step reads batch x vocabulary logits: a scalar loop, whose compare waits for
+  // the previous one, took about 5 ms a step at batch 64.
+  constexpr int kChains = 4;
+  constexpr int64_t kStride = 8 * kChains;
+  const float* x = logits.data();
+  const int64_t n = static_cast<int64_t>(logits.size());
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  __m256 best[kChains];
+  __m256i where[kChains];
+  __m256i index[kChains];
+  for (int c = 0; c < kChains; ++c) {
+    best[c] = _mm256_set1_ps(neg_inf);
+    where[c] = _mm256_set1_epi32(-1);
+    index[c] =
+        _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(8 * c));
   }
-  return static_cast<int32_t>(best);
+  const __m256i stride = _mm256_set1_epi32(kStride);
+  int64_t i = 0;
+  for (; i + kStride <= n; i += kStride) {
+    for (int c = 0; c < kChains; ++c) {
+      const __m256 v = _mm256_loadu_ps(x + i + 8 * c);
+      const __m256 larger = _mm256_cmp_ps(v, best[c], _CMP_GT_OQ);
+      best[c] = _mm256_blendv_ps(best[c], v, larger);
+      where[c] = _mm256_blendv_epi8(where[c], index[c], _mm256_castps_si256(larger));
+      index[c] = _mm256_add_epi32(index[c], stride);
+    }
+  }
+  float best_value = neg_inf;
+  int64_t best_index = -1;
+  for (int c = 0; c < kChains; ++c) {
+    alignas(32) float values[8];
+    alignas(32) int32_t at[8];
+    _mm256_store_ps(values, best[c]);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(at), where[c]);
+    for (int lane = 0; lane < 8; ++lane) {
+      if (at[lane] < 0) continue;
+      if (values[lane] > best_value || (values[lane] == best_value && at[lane] < best_index)) {
+        best_value = values[lane];
+        best_index = at[lane];
+      }
+    }
+  }
+  // The tail's indices are above every lane's: only a larger value replaces the best.
+  for (; i < n; ++i) {
+    if (x[i] > best_value) {
+      best_value = x[i];
+      best_index = i;
+    }
+  }
+  return best_index < 0 ? 0 : static_cast<int32_t>(best_index);
 }
 
 DistributionGap CompareDistributions(std::span<const float> p_logprobs,

@@ -30,7 +30,8 @@ struct SamplingParams {
   bool logprobs = false;
 };
 
-// Greedy choice: the first index of the largest logit (ties go to the lowest token id).
+// Greedy choice: the first index of the largest logit (ties go to the lowest token id). NaNs are
+// never chosen; with no logit above -inf, 0.
 int32_t Argmax(std::span<const float> logits);
 // log_softmax(logits)[token] in double (SampleResult::logprob; the eval tools' NLL).
 double LogSoftmaxAt(std::span<const float> logits, int32_t token);

@@ -186,6 +186,44 @@ TEST(ValidateSamplingParamsTest, ErrorsNameTheField) {
   }
 }
 
+// Argmax against the definition on vectors of every length up to 100 and a vocabulary's:
+// repeated maxima (the first wins), NaNs (never chosen), -inf, all NaN and all -inf (0).
+TEST(SamplerTest, ArgmaxIsTheFirstLargestSkippingNaN) {
+  const auto reference = [](const std::vector<float>& x) {
+    int32_t best = -1;
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (!std::isnan(x[i]) && x[i] > -std::numeric_limits<float>::infinity() &&
+          (best < 0 || x[i] > x[best])) {
+        best = static_cast<int32_t>(i);
+      }
+    }
+    return best < 0 ? 0 : best;
+  };
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> small(-3, 3);  // few distinct values: many ties
+  std::uniform_int_distribution<int> kind(0, 19);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<size_t> lengths;
+  for (size_t n = 1; n <= 100; ++n) lengths.push_back(n);
+  lengths.push_back(49152);
+  lengths.push_back(49155);
+  for (size_t n : lengths) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(n);
+      for (float& v : x) {
+        const int k = kind(rng);
+        v = k == 0 ? nan : k == 1 ? -inf : static_cast<float>(small(rng));
+      }
+      if (trial == 0) std::fill(x.begin(), x.end(), nan);
+      if (trial == 1) std::fill(x.begin(), x.end(), -inf);
+      if (trial == 2) x[n - 1] = 100.0f;  // the maximum in the scalar tail
+      if (trial == 3) x[0] = nan;
+      ASSERT_EQ(Argmax(x), reference(x)) << "length " << n << " trial " << trial;
+    }
+  }
+}
+
 TEST(SamplerTest, GreedyPicksArgmax) {
   std::vector<float> logits = RandomLogits(49152, 1, 3.0f);
   const int32_t argmax =

@@ -170,6 +170,7 @@ class Server:
 
     def start(self):
         print(f"[{self.name}] starting: {' '.join(self.args)}", flush=True)
+        self.started = time.monotonic()  # before the process: it has been up no longer
         self.proc = subprocess.Popen(
             self.args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
         )

@@ -373,6 +373,21 @@ def run_checks(checks, srv, prom, text):
                f"KV usage {kv}, GetModelInfo says {used}/{idle.kv_cache_blocks_total}")
         expect_eq(prom.value("ridgeserve_num_preemptions_total"), idle.num_preemptions,
                   "preemptions")
+        # Engine steps: every generated token came from a row of some step's forward pass, and
+        # the steps' time (forward + host) fits in the time the server has been up.
+        steps = prom.value("ridgeserve_engine_steps_total")
+        rows = prom.value("ridgeserve_engine_step_rows_total")
+        forward = prom.value('ridgeserve_engine_step_seconds_total{part="forward"}')
+        host = prom.value('ridgeserve_engine_step_seconds_total{part="host"}')
+        generated = prom.value("ridgeserve_generation_tokens_total")
+        expect(steps >= 1 and rows >= generated, f"{steps} steps, {rows} rows for {generated} "
+               "generated tokens")
+        expect(forward > 0 and host > 0, f"step seconds: forward {forward}, host {host}")
+        expect(forward + host <= time.monotonic() - srv.started,
+               f"step seconds {forward} + {host} exceed the server's "
+               f"{time.monotonic() - srv.started:.1f} s")
+        print(f"engine: {steps:.0f} steps, {rows / steps:.1f} rows a step, host "
+              f"{1e3 * host / steps:.2f} ms a step, forward {1e3 * forward / steps:.1f} ms")
         info = srv.info()
         labels = prom.query("ridgeserve_build_info")
         expect_eq(len(labels), 1, "build_info series")

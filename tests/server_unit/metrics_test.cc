@@ -355,11 +355,19 @@ TEST(ServerMetricsTest, EngineStatsAndBuildInfoAtScrapeTime) {
   stats.num_waiting = 2;
   stats.kv_blocks_free = 25;
   stats.num_preemptions = 7;
+  stats.num_steps = 40;
+  stats.step_rows = 1000;
+  stats.step_seconds = 2.5;
+  stats.forward_seconds = 2.0;
   const std::string text = metrics.Render();
   EXPECT_EQ(Value(text, "ridgeserve_num_requests_running"), 3);
   EXPECT_EQ(Value(text, "ridgeserve_num_requests_waiting"), 2);
   EXPECT_EQ(Value(text, "ridgeserve_kv_cache_usage_ratio"), 0.75);
   EXPECT_EQ(Value(text, "ridgeserve_num_preemptions_total"), 7);
+  EXPECT_EQ(Value(text, "ridgeserve_engine_steps_total"), 40);
+  EXPECT_EQ(Value(text, "ridgeserve_engine_step_rows_total"), 1000);
+  EXPECT_EQ(Value(text, R"(ridgeserve_engine_step_seconds_total{part="forward"})"), 2.0);
+  EXPECT_EQ(Value(text, R"(ridgeserve_engine_step_seconds_total{part="host"})"), 0.5);
   EXPECT_EQ(
       Value(
           text,
