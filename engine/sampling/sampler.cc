@@ -198,25 +198,55 @@ void Sampler::RestorePenalized(std::span<float> logits) {
   penalized_.clear();
 }
 
+// Inverse CDF over candidates 0..n-1 whose weights weight(i) sum to `total` in this order: the
+// first whose cumulative weight passes u * total, or, when rounding leaves the target at the
+// very top, the last with any weight.
+template <typename Weight>
+size_t InverseCdf(size_t n, double total, double u, const Weight& weight) {
+  const double target = u * total;
+  double cumulative = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    cumulative += weight(i);
+    if (target < cumulative) return i;
+  }
+  for (size_t i = n; i-- > 0;) {
+    if (weight(i) > 0.0f) return i;
+  }
+  return 0;
+}
+
 int32_t Sampler::Draw(std::span<const float> logits) {
+  // u in [0, 1) from the top 53 bits.
+  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
+  // Weights relative to the most likely token: w = p / p_max = exp((logit - max) / T).
+  const float temperature = params_.temperature;
+  const bool top_k = params_.top_k > 0 && static_cast<size_t>(params_.top_k) < logits.size();
+  if (!top_k && params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+    // No filter: every token is a candidate, in id order, straight from the logits.
+    const float max = logits[Argmax(logits)];
+    weights_.resize(logits.size());
+    double total = 0.0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      weights_[i] = std::exp((logits[i] - max) / temperature);
+      total += weights_[i];
+    }
+    return static_cast<int32_t>(
+        InverseCdf(weights_.size(), total, u, [this](size_t i) { return weights_[i]; }));
+  }
+
   candidates_.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) {
     candidates_[i] = {logits[i], static_cast<int32_t>(i)};
   }
   std::span<Candidate> kept(candidates_);
-
   // Dividing by the temperature keeps the order of the logits, so top-k selects on the raw
   // logits and the temperature enters the weights below.
-  const bool top_k = params_.top_k > 0 && static_cast<size_t>(params_.top_k) < kept.size();
   if (top_k) {
     std::nth_element(kept.begin(), kept.begin() + params_.top_k, kept.end(), Before);
     kept = kept.first(params_.top_k);
   }
   // Before puts the highest logit first, so its min_element is the maximum.
   const float max = std::min_element(kept.begin(), kept.end(), Before)->first;
-
-  // Weights relative to the most likely token: w = p / p_max = exp((logit - max) / T).
-  const float temperature = params_.temperature;
   double total = 0.0;
   for (Candidate& c : kept) {
     c.first = std::exp((c.first - max) / temperature);
@@ -240,21 +270,9 @@ int32_t Sampler::Draw(std::span<const float> logits) {
   }
   total = 0.0;
   for (const Candidate& c : kept) total += c.first;
-
-  // Inverse CDF over the kept candidates with u in [0, 1) from the top 53 bits. Candidates
-  // are in id order when no top-k/top-p applies, else highest first.
-  const double u = static_cast<double>(rng_() >> 11) * 0x1.0p-53;
-  const double target = u * total;
-  double cumulative = 0.0;
-  for (const Candidate& c : kept) {
-    cumulative += c.first;
-    if (target < cumulative) return c.second;
-  }
-  // Rounding left target at the very top: the last candidate with any weight.
-  for (size_t i = kept.size(); i-- > 0;) {
-    if (kept[i].first > 0.0f) return kept[i].second;
-  }
-  return kept[0].second;
+  // In id order, unless top-k or top-p sorted them (highest first).
+  return kept[InverseCdf(kept.size(), total, u, [&kept](size_t i) { return kept[i].first; })]
+      .second;
 }
 
 bool Sampler::IsStop(int32_t token, std::span<const int32_t> eog_ids) const {

@@ -86,6 +86,7 @@ class Sampler {
   std::vector<std::pair<int32_t, float>> penalized_;   // (id, original logit) of this step
   std::vector<bool> is_penalized_;                     // (vocab) false between steps
   std::vector<std::pair<float, int32_t>> candidates_;  // (vocab) (logit or weight, token id)
+  std::vector<float> weights_;                         // (vocab) unfiltered draws' weights
 };
 
 }  // namespace ridgeserve
