@@ -51,13 +51,14 @@ prometheus::MetricFamily OneValue(const char* name, const char* help, prometheus
 }
 
 // A counter family with one label: one series per (label value, count).
+template <typename Count>
 prometheus::MetricFamily CounterBy(const char* name, const char* help, const char* label,
-                                   std::initializer_list<std::pair<const char*, double>> values) {
+                                   std::initializer_list<std::pair<const char*, Count>> values) {
   prometheus::MetricFamily family{name, help, prometheus::MetricType::Counter, {}};
   for (const auto& [value, n] : values) {
     prometheus::ClientMetric& c = family.metric.emplace_back();
     c.label.push_back({label, value});
-    c.counter.value = n;
+    c.counter.value = static_cast<double>(n);
   }
   return family;
 }
@@ -91,13 +92,14 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
         OneValue("ridgeserve_engine_step_rows_total",
                  "Rows (prompt and decode tokens) of the model's forward passes in engine steps.",
                  MetricType::Counter, static_cast<double>(s.step_rows)),
-        CounterBy("ridgeserve_engine_step_seconds_total",
-                  "Wall time of engine steps: part forward in the model's forward passes (target "
-                  "and draft), part host on the engine thread around them (scheduling, building "
-                  "the batch, sampling, handing tokens to their requests).",
-                  "part",
-                  {{"forward", s.forward_seconds},
-                   {"host", std::max(0.0, s.step_seconds - s.forward_seconds)}}),
+        CounterBy<double>(
+            "ridgeserve_engine_step_seconds_total",
+            "Wall time of engine steps: part forward in the model's forward passes (target "
+            "and draft), part host on the engine thread around them (scheduling, building "
+            "the batch, sampling, handing tokens to their requests).",
+            "part",
+            {{"forward", s.forward_seconds},
+             {"host", std::max(0.0, s.step_seconds - s.forward_seconds)}}),
     };
     if (ridgefill_ != nullptr) AppendRidgeFill(ridgefill_(), families);
     if (online_ != nullptr) AppendOnline(online_(), families);
@@ -135,12 +137,11 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
         m.calibration_tokens > 0
             ? static_cast<double>(m.calibrated_tokens) / static_cast<double>(m.calibration_tokens)
             : 0.0));
-    out.push_back(CounterBy("ridgeserve_ridgefill_maps_reloads_total",
-                            "RidgeFill map files loaded after the start (result ok) or "
-                            "refused, keeping the maps in use (result refused).",
-                            "result",
-                            {{"ok", static_cast<double>(m.reloads_ok)},
-                             {"refused", static_cast<double>(m.reloads_refused)}}));
+    out.push_back(CounterBy<int64_t>("ridgeserve_ridgefill_maps_reloads_total",
+                                     "RidgeFill map files loaded after the start (result ok) or "
+                                     "refused, keeping the maps in use (result refused).",
+                                     "result",
+                                     {{"ok", m.reloads_ok}, {"refused", m.reloads_refused}}));
   }
 
   static void AppendOnline(const OnlineCalibrationStatus& o,
@@ -161,12 +162,11 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
     out.push_back(OneValue("ridgeserve_ridgefill_online_accumulate_seconds_total",
                            "Time online calibration spent adding served rows to its statistics.",
                            MetricType::Counter, o.accumulate_seconds));
-    out.push_back(CounterBy("ridgeserve_ridgefill_online_resolves_total",
-                            "Online re-solves of the RidgeFill maps: swapped in (result ok) "
-                            "or failed (the maps in use stayed).",
-                            "result",
-                            {{"ok", static_cast<double>(o.resolves)},
-                             {"failed", static_cast<double>(o.failed_resolves)}}));
+    out.push_back(
+        CounterBy<int64_t>("ridgeserve_ridgefill_online_resolves_total",
+                           "Online re-solves of the RidgeFill maps: swapped in (result ok) "
+                           "or failed (the maps in use stayed).",
+                           "result", {{"ok", o.resolves}, {"failed", o.failed_resolves}}));
     out.push_back(OneValue("ridgeserve_ridgefill_online_last_resolve_seconds",
                            "Duration of the last online re-solve (maps and checkpoint written).",
                            MetricType::Gauge, o.last_resolve_seconds));
