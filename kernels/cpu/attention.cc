@@ -6,10 +6,13 @@
 // long sequence) an item has one kv head, so the threads share the sequence; with many (decode
 // of a batch) it has all of them, so it reads its cache slots whole, in address order. For
 // each chunk of kAttentionChunk context positions and kv head the item gathers the chunk's K
-// rows transposed ([head_dim, chunk], so one vector holds one dimension of many keys) and V
-// row pointers once, then runs every row of the tile that reaches the chunk against them: K
-// and V are read from memory once per tile, not per row, and the next chunk's are prefetched
-// into L2 while this one is computed.
+// rows transposed ([head_dim, chunk], so one vector holds one dimension of many keys, widened
+// to f32 from an F16 / BF16 cache as they are transposed) and V row pointers once, then runs
+// every row of the tile that reaches the chunk against them: K and V are read from memory once
+// per tile, not per row, and the next chunk's are prefetched into L2 while this one is
+// computed. A tile of a few rows (decode) reads V where it is in the cache, widening each
+// vector as it is used; a longer one widens the chunk's V rows once. Widening is exact, so
+// neither changes a bit.
 //
 // Per row and query head the arithmetic is fixed by the row alone:
 //   s_j   = fl(q . k_j) * scale, the dot product one FMA chain over d = 0..head_dim-1;
@@ -27,6 +30,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
@@ -51,6 +55,27 @@ constexpr int kTilesPerThread = 4;
 constexpr int kMaxVecBlock = 4;
 constexpr int kMaxQueryBlock = kLanes == 16 ? 4 : 3;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Tiles of at most this many rows read V from an F16 / BF16 cache in place, widening each
+// vector as it is used; longer ones widen a chunk's V rows once into scratch and read them
+// there (a row of V is used once per row of the tile and block of query heads).
+constexpr int kInPlaceRows = 4;
+
+// Elements [d, d + kLanes) and element d of a K or V row whose elements are of type D (the
+// cache's, or F32 for a row widened into scratch), widened to f32 exactly.
+template <DType D>
+inline VecF LoadRow(const uint8_t* row, int d) {
+  if constexpr (D == DType::kF32) return simd::Load(reinterpret_cast<const float*>(row) + d);
+  if constexpr (D == DType::kF16) return simd::LoadF16(row + 2 * d);
+  if constexpr (D == DType::kBF16) return simd::LoadBF16(row + 2 * d);
+}
+template <DType D>
+inline float RowElement(const uint8_t* row, int d) {
+  float x;
+  if constexpr (D == DType::kF32) std::memcpy(&x, row + 4 * d, sizeof(x));
+  if constexpr (D == DType::kF16) simd::WidenF16(row + 2 * d, 1, &x);
+  if constexpr (D == DType::kBF16) simd::WidenBF16(row + 2 * d, 1, &x);
+  return x;
+}
 
 // s[qb * kChunk + kb * kLanes + lane] = scale * (q_qb . Kt[:, kb * kLanes + lane]) for QB
 // queries (rows of q, `head_dim` apart) and KB key vectors of kt ([head_dim, kChunk]).
@@ -109,9 +134,9 @@ inline void ScoreTileAny(int qb, int kb, const float* q, const float* kt, int he
 
 // For QB queries (acc rows `head_dim` apart, p rows kChunk apart) and DV vectors of head
 // dimensions starting at d0: acc = acc * alpha, then acc += p_j * v_j for j < n in order.
-template <int QB, int DV>
-inline void AccumulateTile(const float* p, const float* const* v, int n, int d0, const float* alpha,
-                           int head_dim, float* acc) {
+template <DType VD, int QB, int DV>
+inline void AccumulateTile(const float* p, const uint8_t* const* v, int n, int d0,
+                           const float* alpha, int head_dim, float* acc) {
   VecF a[QB][DV];
   for (int x = 0; x < QB; ++x) {
     const VecF ax = simd::Set1(alpha[x]);
@@ -125,7 +150,7 @@ inline void AccumulateTile(const float* p, const float* const* v, int n, int d0,
     VecF pj[QB];
     for (int x = 0; x < QB; ++x) pj[x] = simd::Set1(p[x * kChunk + j]);
     for (int y = 0; y < DV; ++y) {
-      VecF vj = simd::Load(v[j] + d0 + y * kLanes);
+      VecF vj = LoadRow<VD>(v[j], d0 + y * kLanes);
       asm("" : "+v"(vj));  // one load, not one folded into each of the QB FMAs
       for (int x = 0; x < QB; ++x) a[x][y] = simd::Fma(pj[x], vj, a[x][y]);
     }
@@ -135,33 +160,34 @@ inline void AccumulateTile(const float* p, const float* const* v, int n, int d0,
   }
 }
 
-template <int QB>
-inline void AccumulateTileAnyDv(int dv, const float* p, const float* const* v, int n, int d0,
+template <DType VD, int QB>
+inline void AccumulateTileAnyDv(int dv, const float* p, const uint8_t* const* v, int n, int d0,
                                 const float* alpha, int head_dim, float* acc) {
   switch (dv) {
     case 1:
-      return AccumulateTile<QB, 1>(p, v, n, d0, alpha, head_dim, acc);
+      return AccumulateTile<VD, QB, 1>(p, v, n, d0, alpha, head_dim, acc);
     case 2:
-      return AccumulateTile<QB, 2>(p, v, n, d0, alpha, head_dim, acc);
+      return AccumulateTile<VD, QB, 2>(p, v, n, d0, alpha, head_dim, acc);
     case 3:
-      return AccumulateTile<QB, 3>(p, v, n, d0, alpha, head_dim, acc);
+      return AccumulateTile<VD, QB, 3>(p, v, n, d0, alpha, head_dim, acc);
     default:
-      return AccumulateTile<QB, 4>(p, v, n, d0, alpha, head_dim, acc);
+      return AccumulateTile<VD, QB, 4>(p, v, n, d0, alpha, head_dim, acc);
   }
 }
 
-inline void AccumulateTileAny(int qb, int dv, const float* p, const float* const* v, int n, int d0,
-                              const float* alpha, int head_dim, float* acc) {
+template <DType VD>
+inline void AccumulateTileAny(int qb, int dv, const float* p, const uint8_t* const* v, int n,
+                              int d0, const float* alpha, int head_dim, float* acc) {
   switch (qb) {
     case 1:
-      return AccumulateTileAnyDv<1>(dv, p, v, n, d0, alpha, head_dim, acc);
+      return AccumulateTileAnyDv<VD, 1>(dv, p, v, n, d0, alpha, head_dim, acc);
     case 2:
-      return AccumulateTileAnyDv<2>(dv, p, v, n, d0, alpha, head_dim, acc);
+      return AccumulateTileAnyDv<VD, 2>(dv, p, v, n, d0, alpha, head_dim, acc);
     case 3:
-      return AccumulateTileAnyDv<3>(dv, p, v, n, d0, alpha, head_dim, acc);
+      return AccumulateTileAnyDv<VD, 3>(dv, p, v, n, d0, alpha, head_dim, acc);
     default:
       if constexpr (kMaxQueryBlock >= 4) {
-        return AccumulateTileAnyDv<4>(dv, p, v, n, d0, alpha, head_dim, acc);
+        return AccumulateTileAnyDv<VD, 4>(dv, p, v, n, d0, alpha, head_dim, acc);
       }
   }
 }
@@ -184,9 +210,10 @@ inline __m512 Shuffle128(__m512 a, __m512 b) {
 }
 
 // dst[d * kChunk + i] = rows[i][d0 + d] for i, d < 16: a 16 x 16 transpose in registers.
-inline void TransposeBlock(const float* const* rows, int d0, float* dst) {
+template <DType D>
+inline void TransposeBlock(const uint8_t* const* rows, int d0, float* dst) {
   __m512 r[16], t[16];
-  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(rows[i] + d0);
+  for (int i = 0; i < 16; ++i) r[i] = LoadRow<D>(rows[i], d0);
   // t[2i], t[2i+1]: rows 2i, 2i+1 interleaved.
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = UnpackLo(r[2 * i], r[2 * i + 1]);
@@ -213,9 +240,10 @@ inline void TransposeBlock(const float* const* rows, int d0, float* dst) {
 }
 #else
 // dst[d * kChunk + i] = rows[i][d0 + d] for i, d < 8: an 8 x 8 transpose in registers.
-inline void TransposeBlock(const float* const* rows, int d0, float* dst) {
+template <DType D>
+inline void TransposeBlock(const uint8_t* const* rows, int d0, float* dst) {
   __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + d0);
+  for (int i = 0; i < 8; ++i) r[i] = LoadRow<D>(rows[i], d0);
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
     t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
@@ -234,21 +262,23 @@ inline void TransposeBlock(const float* const* rows, int d0, float* dst) {
 }
 #endif
 
-// kt[d * kChunk + j] = rows[j][d] for j < n, d < head_dim: full kLanes x kLanes blocks in
-// registers, the ragged edges in scalar code.
-void TransposeKeys(const float* const* rows, int n, int head_dim, float* kt) {
+// kt[d * kChunk + j] = rows[j][d] widened to f32 for j < n, d < head_dim, from rows of the
+// cache's element type D: full kLanes x kLanes blocks in registers, the ragged edges in scalar
+// code.
+template <DType D>
+void TransposeKeys(const uint8_t* const* rows, int n, int head_dim, float* kt) {
   const int full_rows = n / kLanes * kLanes;
   const int full_dims = head_dim / kLanes * kLanes;
   for (int j0 = 0; j0 < full_rows; j0 += kLanes) {
     for (int d0 = 0; d0 < full_dims; d0 += kLanes) {
-      TransposeBlock(rows + j0, d0, kt + d0 * kChunk + j0);
+      TransposeBlock<D>(rows + j0, d0, kt + d0 * kChunk + j0);
     }
     for (int j = j0; j < j0 + kLanes; ++j) {
-      for (int d = full_dims; d < head_dim; ++d) kt[d * kChunk + j] = rows[j][d];
+      for (int d = full_dims; d < head_dim; ++d) kt[d * kChunk + j] = RowElement<D>(rows[j], d);
     }
   }
   for (int j = full_rows; j < n; ++j) {
-    for (int d = 0; d < head_dim; ++d) kt[d * kChunk + j] = rows[j][d];
+    for (int d = 0; d < head_dim; ++d) kt[d * kChunk + j] = RowElement<D>(rows[j], d);
   }
 }
 
@@ -279,29 +309,16 @@ class AlignedFloats {
 
 // Per-thread working memory of one item.
 struct Scratch {
-  AlignedFloats kt;      // [head_dim, kChunk]: the chunk's K, transposed
-  AlignedFloats p;       // [group, kChunk]: scores, then probabilities
-  AlignedFloats acc;     // [kTileRows, group, head_dim]: unnormalized outputs
-  AlignedFloats ml;      // [2, kTileRows, group]: running max m, then running sum l
-  AlignedFloats alpha;   // [group]: this chunk's rescale factor of acc and l
-  AlignedFloats kw, vw;  // [kChunk, head_dim]: an F16 / BF16 chunk's K and V widened to f32
-  std::vector<const float*> k = std::vector<const float*>(kChunk);  // [kChunk] K rows
-  std::vector<const float*> v = std::vector<const float*>(kChunk);  // [kChunk] V rows
+  AlignedFloats kt;     // [head_dim, kChunk]: the chunk's K, transposed
+  AlignedFloats p;      // [group, kChunk]: scores, then probabilities
+  AlignedFloats acc;    // [kTileRows, group, head_dim]: unnormalized outputs
+  AlignedFloats ml;     // [2, kTileRows, group]: running max m, then running sum l
+  AlignedFloats alpha;  // [group]: this chunk's rescale factor of acc and l
+  AlignedFloats vw;     // [kChunk, head_dim]: an F16 / BF16 chunk's V widened to f32
+  // [kChunk] K rows in the cache, and V rows in the cache or in vw.
+  std::vector<const uint8_t*> k = std::vector<const uint8_t*>(kChunk);
+  std::vector<const uint8_t*> v = std::vector<const uint8_t*>(kChunk);
 };
-
-// The f32 row at element `offset` of a cache layer: in place for an F32 cache, else row j of
-// `wide` ([kChunk, head_dim]) after widening it exactly.
-const float* CacheRow(const uint8_t* base, DType dtype, int64_t offset, int head_dim, float* wide,
-                      int j) {
-  if (dtype == DType::kF32) return reinterpret_cast<const float*>(base) + offset;
-  float* row = wide + int64_t{j} * head_dim;
-  if (dtype == DType::kF16) {
-    simd::WidenF16(base + 2 * offset, head_dim, row);
-  } else {
-    simd::WidenBF16(base + 2 * offset, head_dim, row);
-  }
-  return row;
-}
 
 struct Geometry {
   int group;      // query heads per kv head
@@ -312,7 +329,9 @@ struct Geometry {
 // One row's step over one chunk: `q` holds the group's query heads ([group, head_dim]),
 // n (>= 1) positions of the chunk are visible to the row. Updates m, l ([group]) and acc
 // ([group, head_dim]).
-void RowChunk(const Geometry& g, const float* q, const float* kt, const float* const* v, int n,
+// V's rows hold elements of type VD.
+template <DType VD>
+void RowChunk(const Geometry& g, const float* q, const float* kt, const uint8_t* const* v, int n,
               bool first, float scale, float* p, float* alpha, float* m, float* l, float* acc) {
   const int num_vecs = (n + kLanes - 1) / kLanes;
   // Scores, in blocks of queries x up to kMaxVecBlock key vectors.
@@ -353,14 +372,14 @@ void RowChunk(const Geometry& g, const float* q, const float* kt, const float* c
     const int qb = std::min(kMaxQueryBlock, g.group - h0);
     for (int d0 = 0; d0 < vec_dims; d0 += kMaxVecBlock * kLanes) {
       const int dv = std::min(kMaxVecBlock, (vec_dims - d0) / kLanes);
-      AccumulateTileAny(qb, dv, p + h0 * kChunk, v, n, d0, alpha + h0, g.head_dim,
-                        acc + h0 * g.head_dim);
+      AccumulateTileAny<VD>(qb, dv, p + h0 * kChunk, v, n, d0, alpha + h0, g.head_dim,
+                            acc + h0 * g.head_dim);
     }
   }
   for (int h = 0; h < g.group; ++h) {
     for (int d = vec_dims; d < g.head_dim; ++d) {
       float a = acc[h * g.head_dim + d] * alpha[h];
-      for (int j = 0; j < n; ++j) a = std::fma(p[h * kChunk + j], v[j][d], a);
+      for (int j = 0; j < n; ++j) a = std::fma(p[h * kChunk + j], RowElement<VD>(v[j], d), a);
       acc[h * g.head_dim + d] = a;
     }
   }
@@ -375,7 +394,8 @@ struct Item {
 
 // Computes the groups of query heads sharing kv heads [kv_begin, kv_end) for the tile's rows,
 // chunk by chunk, every kv head of a chunk before the next chunk: the chunk's cache slots are
-// read as whole rows, so consecutive slots are adjacent in memory.
+// read as whole rows, so consecutive slots are adjacent in memory. D: the cache's element type.
+template <DType D>
 void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
              const KvLayerView& cache, const AttentionRows& rows, const Geometry& g, float scale,
              int32_t out_ld, float* out, Scratch& scratch) {
@@ -399,13 +419,12 @@ void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
   std::fill(acc, acc + heads * head_state, 0.0f);
   std::fill(m, m + heads * ml_stride, kNegInf);
   std::fill(l, l + heads * ml_stride, 0.0f);
-  const float** k = scratch.k.data();
-  const float** v = scratch.v.data();
-  const bool widen = cache.dtype != DType::kF32;
-  float* kw = widen ? scratch.kw.Get(size_t(kChunk) * g.head_dim) : nullptr;
-  float* vw = widen ? scratch.vw.Get(size_t(kChunk) * g.head_dim) : nullptr;
+  const uint8_t** k = scratch.k.data();
+  const uint8_t** v = scratch.v.data();
+  const bool v_in_place = D == DType::kF32 || n_rows <= kInPlaceRows;
+  float* vw = v_in_place ? nullptr : scratch.vw.Get(size_t(kChunk) * g.head_dim);
 
-  const int64_t elem = static_cast<int64_t>(ElementBytes(cache.dtype));
+  const int64_t elem = static_cast<int64_t>(ElementBytes(D));
   const auto slot_of = [&](int32_t pos) {
     return int64_t{block_table[pos / cache.block_size]} * cache.block_size + pos % cache.block_size;
   };
@@ -425,19 +444,33 @@ void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
     for (int h = 0; h < heads; ++h) {
       const int32_t kv_head = item.kv_begin + h;
       for (int j = 0; j < nk; ++j) {
-        const int64_t offset = slot_of(base + j) * g.kv_stride + kv_head * g.head_dim;
-        k[j] = CacheRow(cache.k, cache.dtype, offset, g.head_dim, kw, j);
-        v[j] = CacheRow(cache.v, cache.dtype, offset, g.head_dim, vw, j);
+        const int64_t at = (slot_of(base + j) * g.kv_stride + kv_head * g.head_dim) * elem;
+        k[j] = cache.k + at;
+        v[j] = cache.v + at;
+        if constexpr (D != DType::kF32) {
+          if (!v_in_place) {
+            float* row = vw + int64_t{j} * g.head_dim;
+            if constexpr (D == DType::kF16) simd::WidenF16(v[j], g.head_dim, row);
+            if constexpr (D == DType::kBF16) simd::WidenBF16(v[j], g.head_dim, row);
+            v[j] = reinterpret_cast<const uint8_t*>(row);
+          }
+        }
       }
-      TransposeKeys(k, nk, g.head_dim, kt);
+      TransposeKeys<D>(k, nk, g.head_dim, kt);
       for (int t = 0; t < n_rows; ++t) {
         const int32_t r = tile[t];
         const int32_t pos = rows.positions[r];
         if (pos < base) continue;
         const int n = std::min<int32_t>(kChunk, pos - base + 1);
         float* mh = m + h * ml_stride + t * g.group;
-        RowChunk(g, q + int64_t{r} * ld + kv_head * state, kt, v, n, base == 0, scale, p, alpha, mh,
-                 mh + heads * ml_stride, acc + h * head_state + size_t(t) * state);
+        const float* qr = q + int64_t{r} * ld + kv_head * state;
+        float* at = acc + h * head_state + size_t(t) * state;
+        if (v_in_place) {
+          RowChunk<D>(g, qr, kt, v, n, base == 0, scale, p, alpha, mh, mh + heads * ml_stride, at);
+        } else {
+          RowChunk<DType::kF32>(g, qr, kt, v, n, base == 0, scale, p, alpha, mh,
+                                mh + heads * ml_stride, at);
+        }
       }
     }
   }
@@ -504,6 +537,9 @@ void PagedAttention(const float* q, int32_t ld, int32_t num_heads, const KvLayer
                    [](const Item& a, const Item& b) { return a.cost > b.cost; });
 
   const int32_t out_ld = num_heads * cache.head_dim;
+  const auto run = cache.dtype == DType::kF16    ? RunItem<DType::kF16>
+                   : cache.dtype == DType::kBF16 ? RunItem<DType::kBF16>
+                                                 : RunItem<DType::kF32>;
   const int64_t num_items = static_cast<int64_t>(items.size());
   const int threads = static_cast<int>(std::min<int64_t>(std::max(num_threads, 1), num_items));
 #pragma omp parallel num_threads(threads)
@@ -511,7 +547,7 @@ void PagedAttention(const float* q, int32_t ld, int32_t num_heads, const KvLayer
     thread_local Scratch scratch;
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < num_items; ++i) {
-      RunItem(items[i], order.data(), q, ld, cache, rows, g, scale, out_ld, out, scratch);
+      run(items[i], order.data(), q, ld, cache, rows, g, scale, out_ld, out, scratch);
     }
   }
 }

@@ -78,6 +78,15 @@ inline VecF RoundToInt(VecF x) {
 }
 // p * 2^n for integral n; overflows to inf and underflows through denormals to 0.
 inline VecF ScaleByPow2(VecF p, VecF n) { return _mm512_mask_scalef_ps(p, kAll, p, n); }
+// The kLanes f16 / bf16 values at src (little-endian) widened to f32, exactly.
+inline VecF LoadF16(const uint8_t* src) {
+  return _mm512_maskz_cvtph_ps(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+}
+inline VecF LoadBF16(const uint8_t* src) {
+  const __m512i h =
+      _mm512_maskz_cvtepu16_epi32(kAll, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kAll, h, 16));
+}
 
 #else  // AVX2
 
@@ -116,6 +125,13 @@ inline VecF ScaleByPow2(VecF p, VecF n) {
   const VecF f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, bias), 23));
   const VecF f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(rest, bias), 23));
   return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+inline VecF LoadF16(const uint8_t* src) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+}
+inline VecF LoadBF16(const uint8_t* src) {
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(h, 16));
 }
 
 #endif

@@ -334,11 +334,18 @@ TEST(CpuAttentionTest, HalfCachesEqualF32CacheOfRoundedValues) {
                    << (dtype == DType::kF16 ? "f16" : "bf16") << " head_dim " << p.head_dim);
       PagedProblem half(*backend, p, 21, dtype);
       PagedProblem rounded(*backend, p, 21, DType::kF32, dtype);
-      const std::vector<Row> rows = half.AllRows(22);
-      const std::vector<float> out = half.Run(*backend, rows);
-      const std::vector<float> want = rounded.Run(*backend, rows);
-      EXPECT_EQ(FirstBitDifference(out.data(), want.data(), out.size()), -1);
-      EXPECT_LE(MaxError(rounded, rows, want), p.tolerance);
+      // Prefill (tiles of many rows widen V once per chunk) and decode (a row of each sequence
+      // at its last position reads V in place).
+      std::vector<Row> decode;
+      for (size_t s = 0; s < p.seq_lens.size(); ++s) {
+        decode.push_back({int32_t(s), p.seq_lens[s] - 1});
+      }
+      for (const std::vector<Row>& rows : {half.AllRows(22), decode}) {
+        const std::vector<float> out = half.Run(*backend, rows);
+        const std::vector<float> want = rounded.Run(*backend, rows);
+        EXPECT_EQ(FirstBitDifference(out.data(), want.data(), out.size()), -1);
+        EXPECT_LE(MaxError(rounded, rows, want), p.tolerance);
+      }
     }
   }
 }
