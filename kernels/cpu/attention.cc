@@ -433,8 +433,10 @@ void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
   const int64_t item_bytes = int64_t{heads} * g.head_dim * elem;
   for (int32_t base = 0; base <= max_pos; base += kChunk) {
     const int nk = std::min<int32_t>(kChunk, max_pos - base + 1);
-    // The next chunk streams in while this one is computed.
-    for (int32_t pos = base + kChunk; pos <= std::min(max_pos, base + 2 * kChunk - 1); ++pos) {
+    // The next chunk streams in while this one is computed; the first chunk's loads are all
+    // asked for at once, not one demand miss after another as its rows are read.
+    const int32_t ahead = base == 0 ? 0 : base + kChunk;
+    for (int32_t pos = ahead; pos <= std::min(max_pos, base + 2 * kChunk - 1); ++pos) {
       const int64_t at = slot_of(pos) * g.kv_stride * elem + first_byte;
       for (int64_t b = 0; b < item_bytes; b += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(cache.k + at + b), _MM_HINT_T1);
