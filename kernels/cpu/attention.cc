@@ -318,6 +318,7 @@ struct Scratch {
   // [kChunk] K rows in the cache, and V rows in the cache or in vw.
   std::vector<const uint8_t*> k = std::vector<const uint8_t*>(kChunk);
   std::vector<const uint8_t*> v = std::vector<const uint8_t*>(kChunk);
+  std::vector<int64_t> offsets = std::vector<int64_t>(2 * kChunk);  // RunItem's chunk offsets
 };
 
 struct Geometry {
@@ -425,30 +426,48 @@ void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
   float* vw = v_in_place ? nullptr : scratch.vw.Get(size_t(kChunk) * g.head_dim);
 
   const int64_t elem = static_cast<int64_t>(ElementBytes(D));
-  const auto slot_of = [&](int32_t pos) {
-    return int64_t{block_table[pos / cache.block_size]} * cache.block_size + pos % cache.block_size;
-  };
-  // The item's part of a slot's K and V rows.
+  // Byte offsets in a cache layer of the item's part of the K and V rows of a chunk's
+  // positions: this chunk's, then the next one's.
+  int64_t* offsets = scratch.offsets.data();
+  int64_t* next_offsets = offsets + kChunk;
   const int64_t first_byte = int64_t{item.kv_begin} * g.head_dim * elem;
   const int64_t item_bytes = int64_t{heads} * g.head_dim * elem;
+  const auto chunk_offsets = [&](int32_t base, int64_t* out) {
+    const int count = std::min<int32_t>(kChunk, max_pos - base + 1);
+    int32_t block = base / cache.block_size, offset = base % cache.block_size;
+    for (int j = 0; j < count; ++j) {
+      out[j] = (int64_t{block_table[block]} * cache.block_size + offset) * g.kv_stride * elem +
+               first_byte;
+      if (++offset == cache.block_size) {
+        offset = 0;
+        ++block;
+      }
+    }
+    return count;
+  };
+  // Asks for a chunk's K and V into L2.
+  const auto prefetch = [&](const int64_t* chunk, int count) {
+    for (int j = 0; j < count; ++j) {
+      for (int64_t b = 0; b < item_bytes; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(cache.k + chunk[j] + b), _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(cache.v + chunk[j] + b), _MM_HINT_T1);
+      }
+    }
+  };
+  // The first chunk's loads are all asked for at once, not one demand miss after another as
+  // its rows are read; each next chunk streams in while this one is computed.
+  prefetch(offsets, chunk_offsets(0, offsets));
   for (int32_t base = 0; base <= max_pos; base += kChunk) {
     const int nk = std::min<int32_t>(kChunk, max_pos - base + 1);
-    // The next chunk streams in while this one is computed; the first chunk's loads are all
-    // asked for at once, not one demand miss after another as its rows are read.
-    const int32_t ahead = base == 0 ? 0 : base + kChunk;
-    for (int32_t pos = ahead; pos <= std::min(max_pos, base + 2 * kChunk - 1); ++pos) {
-      const int64_t at = slot_of(pos) * g.kv_stride * elem + first_byte;
-      for (int64_t b = 0; b < item_bytes; b += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(cache.k + at + b), _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(cache.v + at + b), _MM_HINT_T1);
-      }
+    if (base + kChunk <= max_pos) {
+      prefetch(next_offsets, chunk_offsets(base + kChunk, next_offsets));
     }
     for (int h = 0; h < heads; ++h) {
       const int32_t kv_head = item.kv_begin + h;
+      const int64_t head_byte = int64_t{h} * g.head_dim * elem;
       for (int j = 0; j < nk; ++j) {
-        const int64_t at = (slot_of(base + j) * g.kv_stride + kv_head * g.head_dim) * elem;
-        k[j] = cache.k + at;
-        v[j] = cache.v + at;
+        k[j] = cache.k + offsets[j] + head_byte;
+        v[j] = cache.v + offsets[j] + head_byte;
         if constexpr (D != DType::kF32) {
           if (!v_in_place) {
             float* row = vw + int64_t{j} * g.head_dim;
@@ -475,6 +494,7 @@ void RunItem(const Item& item, const int32_t* order, const float* q, int32_t ld,
         }
       }
     }
+    std::swap(offsets, next_offsets);
   }
   for (int h = 0; h < heads; ++h) {
     for (int t = 0; t < n_rows; ++t) {
