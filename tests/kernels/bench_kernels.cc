@@ -152,7 +152,8 @@ void BM_Linear(benchmark::State& state) {
   state.counters["weight_bytes_per_s"] =
       benchmark::Counter(w.bytes(), benchmark::Counter::kIsIterationInvariantRate);
 }
-// Prefill shapes of the default model, then decode rows (one row: weight bandwidth bound).
+// Prefill shapes of the default model, then decode rows (one row: weight bandwidth bound; 16:
+// a batch).
 void LinearArgs(benchmark::internal::Benchmark* b) {
   b->ArgNames({"n", "k", "m", "type", "int8"});
   for (int type : {0, 8, 3}) {
@@ -165,39 +166,42 @@ void LinearArgs(benchmark::internal::Benchmark* b) {
       b->Args({1, 576, 3072, type, int8});    // decode gate and up
       b->Args({1, 1536, 576, type, int8});    // decode down
       b->Args({1, 576, 49152, type, int8});   // LM head for one decode row
+      b->Args({16, 576, 3072, type, int8});   // gate and up for 16 decode rows
     }
   }
 }
 BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime();
 
-// One decode row through 120 distinct [3072, 576] weights of `type` (133 MB of Q4_1, more than
-// the model's 112 MB and than the L3 seen here), one after another, so the weights come from
-// memory as in a decode step; weight_bytes_per_s against BM_MemoryRead/2 says how close
+// `rows` decode rows (1: one stream, 16: a batch of 16) through 120 distinct [3072, 576]
+// weights of `type` (133 MB of Q4_1, more than the model's 112 MB and than the L3 seen here),
+// one after another, so the weights come from memory as in a decode step, with f32 or int8
+// (`act` 0 / 1) activations; weight_bytes_per_s against BM_MemoryRead/2 says how close
 // decode's Linear gets to the bandwidth bound.
 void BM_LinearFromMemory(benchmark::State& state) {
   const DType type = static_cast<DType>(state.range(0));
+  const int32_t n = static_cast<int32_t>(state.range(1));
+  const auto activations = state.range(2) == 0 ? cpu::Activations::kF32 : cpu::Activations::kInt8;
   constexpr int kWeights = 120;
   constexpr int32_t k = 576, m = 3072;
-  auto backend = *CreateCpuBackendFromEnvironment(kThreads);
-  const std::vector<float> x = RandomFloats(k, 1);
+  auto backend = *CreateCpuBackendFromEnvironment(kThreads, activations);
+  const std::vector<float> x = RandomFloats(size_t(n) * k, 1);
   std::vector<Weight> weights;
   size_t bytes = 0;
   for (int i = 0; i < kWeights; ++i) {
     weights.push_back(RandomWeight(*backend, type, m, k, 2 + i));
     bytes += weights.back().bytes();
   }
-  std::vector<float> y(m);
+  std::vector<float> y(size_t(n) * m);
   for (auto _ : state) {
-    for (const Weight& w : weights) backend->Linear(x.data(), 1, w, nullptr, y.data());
+    for (const Weight& w : weights) backend->Linear(x.data(), n, w, nullptr, y.data());
     benchmark::ClobberMemory();
   }
   state.counters["weight_bytes_per_s"] =
       benchmark::Counter(double(bytes), benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_LinearFromMemory)
-    ->ArgName("type")
-    ->Arg(8)
-    ->Arg(3)
+    ->ArgNames({"type", "rows", "act"})
+    ->ArgsProduct({{8, 3}, {1, 16}, {0, 1}})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
