@@ -510,8 +510,21 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   std::vector<double> nll(plan.chunks.size(), 0.0);
   std::vector<std::vector<float>> first_logprobs(plan.chunks.size());
   const int32_t vocab = model.config.vocab_size;
+  // The rows to sample, found in chunk order; they are then sampled on options.sampling_threads
+  // threads (at a temperature, the draw over the vocabulary is most of a decode row's host
+  // time). Each row has its own request's sampler and logits, so a token does not depend on
+  // which thread drew it or on the other rows.
+  struct Draw {
+    size_t chunk;
+    Live* live;
+    std::span<float> logits;
+    std::vector<int32_t> context;  // SpecKV: prompt + emitted tokens (its tokens are not)
+    bool kv_first = false;         // SpecKV's first token, sampled once during its prefill
+    SampleResult result;
+  };
+  std::vector<Draw> draws;
+  draws.reserve(plan.chunks.size());
   size_t logit_row = 0;
-  std::vector<int32_t> kv_context;  // SpecKV: prompt + emitted tokens (its tokens are not)
   for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
     const ScheduledChunk& chunk = plan.chunks[i];
     Live& l = live.at(chunk.request->id);
@@ -522,38 +535,71 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
       const int32_t last = l.prompt_tokens - 1;
       if (chunk.start <= last && last < chunk.start + chunk.count) {
         ++logit_row;
-        if (l.kv_first_token < 0) {
-          const SampleResult result = l.sampler.Sample(row_logits, l.prompt_ids);
-          l.kv_first_token = result.token;
-          l.kv_first_logprob = result.logprob;
-        }
-      }
-      if (chunk.sample && l.generated.empty()) {
-        sampled[i] = l.kv_first_token;
-        logprobs[i] = l.kv_first_logprob;
+        if (l.kv_first_token < 0) draws.push_back({i, &l, row_logits, {}, true, {}});
       }
       continue;
     }
     if (!chunk.sample) continue;
-    const std::vector<int32_t>* context = &chunk.request->tokens;
-    if (l.spec_kv.budget > 0) {
-      kv_context = l.prompt_ids;
-      kv_context.insert(kv_context.end(), l.generated.begin(), l.generated.end());
-      context = &kv_context;
-    }
-    SampleResult result;
-    if (l.forced.empty()) {
-      result = l.sampler.Sample(row_logits, *context);
-    } else {
-      result.token = l.forced[l.completion_tokens];
-      if (l.sampler.params().logprobs) result.logprob = LogSoftmaxAt(row_logits, result.token);
-    }
     ++logit_row;
-    sampled[i] = result.token;
-    logprobs[i] = result.logprob;
-    if (l.capture) {
-      nll[i] = -LogSoftmaxAt(row_logits, result.token);
-      if (!l.first_token) first_logprobs[i] = LogSoftmax(row_logits);
+    std::vector<int32_t> context;
+    if (l.spec_kv.budget > 0) {
+      context = l.prompt_ids;
+      context.insert(context.end(), l.generated.begin(), l.generated.end());
+    }
+    draws.push_back({i, &l, row_logits, std::move(context), false, {}});
+  }
+  const auto draw = [&](Draw& d) {
+    Live& l = *d.live;
+    const std::vector<int32_t>& context = d.kv_first ? l.prompt_ids
+                                          : l.spec_kv.budget > 0
+                                              ? d.context
+                                              : plan.chunks[d.chunk].request->tokens;
+    if (d.kv_first || l.forced.empty()) {
+      d.result = l.sampler.Sample(d.logits, context);
+    } else {
+      d.result.token = l.forced[l.completion_tokens];
+      if (l.sampler.params().logprobs) d.result.logprob = LogSoftmaxAt(d.logits, d.result.token);
+    }
+    if (!d.kv_first && l.capture) {
+      nll[d.chunk] = -LogSoftmaxAt(d.logits, d.result.token);
+      if (!l.first_token) first_logprobs[d.chunk] = LogSoftmax(d.logits);
+    }
+  };
+  // Rows that draw at a temperature or compute log-probabilities run exp over the vocabulary:
+  // those are sampled on the threads. A greedy row (one argmax pass over logits that mostly
+  // come from memory) measured no faster there and runs here.
+  std::vector<Draw*> costly;
+  for (Draw& d : draws) {
+    const Live& l = *d.live;
+    const SamplingParams& p = l.sampler.params();
+    const bool sampled_here = d.kv_first || l.forced.empty();
+    if ((sampled_here && p.temperature != 0.0f) || p.logprobs || (!d.kv_first && l.capture)) {
+      costly.push_back(&d);
+    } else {
+      draw(d);
+    }
+  }
+  const int64_t num_costly = static_cast<int64_t>(costly.size());
+  if (num_costly > 1 && options.sampling_threads > 1) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(options.sampling_threads)
+    for (int64_t j = 0; j < num_costly; ++j) draw(*costly[j]);
+  } else {
+    for (Draw* d : costly) draw(*d);
+  }
+  for (const Draw& d : draws) {
+    if (d.kv_first) {
+      d.live->kv_first_token = d.result.token;
+      d.live->kv_first_logprob = d.result.logprob;
+    } else {
+      sampled[d.chunk] = d.result.token;
+      logprobs[d.chunk] = d.result.logprob;
+    }
+  }
+  for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
+    const Live& l = live.at(plan.chunks[i].request->id);
+    if (l.kv_prefilling() && plan.chunks[i].sample && l.generated.empty()) {
+      sampled[i] = l.kv_first_token;
+      logprobs[i] = l.kv_first_logprob;
     }
   }
   if (!status.ok()) {

@@ -28,12 +28,12 @@ struct Outcome {
 
 class EngineTest : public DefaultModelTest {
  protected:
-  // Greedy decoding without the engine: one sequence, one token per forward pass.
-  static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new) {
+  // Decoding without the engine: one sequence, one token per forward pass (greedy unless
+  // `sampling` says otherwise).
+  static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new,
+                                        const SamplingParams& sampling = GreedyParams()) {
     SequenceRunner runner(*model_->llama, static_cast<int32_t>(prompt.size()) + max_new);
-    SamplingParams greedy;
-    greedy.temperature = 0;
-    Sampler sampler(greedy);
+    Sampler sampler(sampling);
     std::vector<float> logits;
     EXPECT_TRUE(runner.Append(prompt, 512, false, logits).ok());
     std::vector<int32_t> context = prompt, out;
@@ -48,11 +48,18 @@ class EngineTest : public DefaultModelTest {
     return out;
   }
 
+  static SamplingParams GreedyParams() {
+    SamplingParams greedy;
+    greedy.temperature = 0;
+    return greedy;
+  }
+
   static EngineRequest Greedy(std::vector<int32_t> prompt, int max_new,
-                              std::shared_ptr<std::promise<Outcome>> done) {
+                              std::shared_ptr<std::promise<Outcome>> done,
+                              const SamplingParams& sampling = GreedyParams()) {
     EngineRequest r;
     r.prompt = std::move(prompt);
-    r.sampling.temperature = 0;
+    r.sampling = sampling;
     r.max_new_tokens = max_new;
     auto outcome = std::make_shared<Outcome>();
     r.on_event = [outcome, done](const TokenEvent& e) {
@@ -81,16 +88,19 @@ class EngineTest : public DefaultModelTest {
   // Submits all prompts at once and checks each against the reference. The references are
   // computed first: a LlamaModel serves one thread at a time, and the engine thread owns it
   // while requests run.
+  // `sampling` (empty: greedy) is request i's.
   static void RunConcurrently(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                              const std::vector<int>& max_new) {
+                              const std::vector<int>& max_new,
+                              const std::vector<SamplingParams>& sampling = {}) {
+    const auto params = [&](size_t i) { return sampling.empty() ? GreedyParams() : sampling[i]; };
     std::vector<std::vector<int32_t>> expected;
     for (size_t i = 0; i < prompts.size(); ++i)
-      expected.push_back(Reference(prompts[i], max_new[i]));
+      expected.push_back(Reference(prompts[i], max_new[i], params(i)));
     std::vector<std::future<Outcome>> futures;
     for (size_t i = 0; i < prompts.size(); ++i) {
       auto done = std::make_shared<std::promise<Outcome>>();
       futures.push_back(done->get_future());
-      ASSERT_TRUE(engine.Submit(Greedy(prompts[i], max_new[i], done)).ok());
+      ASSERT_TRUE(engine.Submit(Greedy(prompts[i], max_new[i], done, params(i))).ok());
     }
     for (size_t i = 0; i < prompts.size(); ++i) {
       const Outcome out = futures[i].get();
@@ -118,6 +128,32 @@ TEST_F(EngineTest, ConcurrentChunkedRequestsMatchSingleSequenceDecoding) {
   }
   RunConcurrently(**engine, prompts, max_new);
   EXPECT_GT((*engine)->stats().num_prefix_hit_tokens, 0);
+  WaitForFreeBlocks(**engine);
+}
+
+// Seeded requests at a temperature, batched and sampled on two threads, draw the tokens each
+// draws alone: every row keeps its own sampler and logits whichever thread samples it.
+TEST_F(EngineTest, SeededSamplingOnTwoThreadsMatchesSingleSequenceDecoding) {
+  EngineOptions options;
+  options.kv_cache_tokens = 4096;
+  options.sampling_threads = 2;
+  auto engine = Engine::Create(*model_, options);
+  ASSERT_TRUE(engine.ok());
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int> max_new;
+  std::vector<SamplingParams> sampling;
+  for (int i = 0; i < 8; ++i) {
+    prompts.push_back(RandomTokens(6 + 5 * i, 30 + i));
+    max_new.push_back(12);
+    SamplingParams p;
+    p.temperature = 1.2f;
+    p.top_k = i % 2 == 0 ? 0 : 40;  // the unfiltered draw and the filtered one
+    p.repetition_penalty = i % 3 == 0 ? 1.3f : 1.0f;
+    p.seed = 1000 + i;
+    p.has_seed = true;
+    sampling.push_back(p);
+  }
+  RunConcurrently(**engine, prompts, max_new, sampling);
   WaitForFreeBlocks(**engine);
 }
 
