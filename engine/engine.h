@@ -27,8 +27,9 @@ namespace ridgeserve {
 struct EngineOptions {
   SchedulerConfig scheduler;
   int32_t kv_cache_tokens = 65536;  // KV cache capacity (rounded up to whole blocks)
-  // Threads that sample a step's rows, on the engine thread's OpenMP team (the CPU backend's
-  // threads are idle while the engine samples). Tokens do not depend on it.
+  // Threads that sample a step's rows drawn at a temperature or with log-probabilities, on
+  // the engine thread's OpenMP team (the CPU backend's threads are idle while the engine
+  // samples). Tokens do not depend on it.
   int32_t sampling_threads = 1;
   // RidgeFill (maps per request, RidgeFillRequest::maps):
   int32_t ridgefill_sink_tokens = 4;        // first prompt rows that always run exactly

@@ -140,10 +140,7 @@ inline VecF LoadBF16(const uint8_t* src) {
 // HalfToFloat and DequantizeRow convert them.
 inline void WidenF16(const uint8_t* src, int64_t n, float* dst) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
-  }
+  for (; i + kLanes <= n; i += kLanes) Store(dst + i, LoadF16(src + 2 * i));
   for (; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, src + 2 * i, sizeof(h));
@@ -152,10 +149,7 @@ inline void WidenF16(const uint8_t* src, int64_t n, float* dst) {
 }
 inline void WidenBF16(const uint8_t* src, int64_t n, float* dst) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-  }
+  for (; i + kLanes <= n; i += kLanes) Store(dst + i, LoadBF16(src + 2 * i));
   for (; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, src + 2 * i, sizeof(h));
