@@ -59,7 +59,13 @@ absl::Status GenerateCall::Submit(const v1::GenerateRequest& request, StepSink s
     shadowed_.emplace();
     shadowed_->prompt = engine_request.prompt;
   }
-  engine_request.on_event = [this](const TokenEvent& event) { OnEvent(event); };
+  // The call's lane, from its address (spread over the lanes by a multiplicative hash).
+  const uint64_t lane = (reinterpret_cast<uintptr_t>(this) >> 4) * 0x9E3779B97F4A7C15ull >> 32;
+  engine_request.on_event = [this, lane](const TokenEvent& event) {
+    context_.events->Post(lane, [this, event, handed_over = RequestMetrics::Clock::now()] {
+      OnEvent(event, handed_over);
+    });
+  };
   absl::StatusOr<uint64_t> id = context_.engine.Submit(std::move(engine_request));
   if (!id.ok()) {
     spdlog::info("request {} refused by the engine: {}", request_id_, id.status().ToString());
@@ -98,10 +104,10 @@ void GenerateCall::AbortEngineRequest() {
   if (id.ok() && id->has_value()) context_.engine.Abort(**id);
 }
 
-void GenerateCall::OnEvent(const TokenEvent& event) {
+void GenerateCall::OnEvent(const TokenEvent& event, RequestMetrics::Clock::time_point handed_over) {
   if (shadowed_) CollectShadowed(event);
   OutputBuilder::Step step = output_->OnEvent(event);
-  metrics_->OnEvent(event, step.delta.finish_reason());
+  metrics_->OnEvent(event, step.delta.finish_reason(), handed_over);
   if (step.abort_engine) AbortEngineRequest();
   if (step.finished) {
     const v1::Usage& usage = step.delta.usage();

@@ -6,8 +6,9 @@
 // string matched.
 //
 // Lifetime: the engine callback points at the reactor. That is safe because a reactor calls
-// Finish only after the engine's final event for its request (or when the request never
-// reached the engine), and touches nothing after Finish; gRPC calls OnDone only after Finish.
+// Finish only after it has handled the engine's final event for its request (or when the
+// request never reached the engine), and touches nothing after Finish; gRPC calls OnDone only
+// after Finish.
 #ifndef RIDGESERVE_SERVER_GENERATE_CALL_H_
 #define RIDGESERVE_SERVER_GENERATE_CALL_H_
 
@@ -22,6 +23,7 @@
 #include "engine/model/model.h"
 #include "grpcpp/grpcpp.h"
 #include "ridgeserve/v1/ridgeserve.grpc.pb.h"
+#include "server/event_lanes.h"
 #include "server/metrics.h"
 #include "server/output_builder.h"
 #include "server/request_registry.h"
@@ -43,11 +45,14 @@ struct ServingContext {
   const RidgeFillMapsManager& ridgefill;
   // --ridgefill_shadow_fraction's sampler; null when off.
   RidgeFillShadow* shadow = nullptr;
+  // Where each call handles its engine events (one lane per call, so in order).
+  EventLanes* events = nullptr;
 };
 
 // One generation request's path from the wire (raw bytes, raw_messages.h) to the engine and
-// back, shared by both reactors. Threading: Start, Cancel and Done from gRPC threads; the sink runs
-// on the engine thread.
+// back, shared by both reactors. Threading: Start, Cancel and Done from gRPC threads; the engine
+// thread only copies each event to the call's lane (ServingContext::events), where OnEvent and
+// the sink run.
 class GenerateCall {
  public:
   using StepSink = std::function<void(OutputBuilder::Step)>;
@@ -65,7 +70,7 @@ class GenerateCall {
 
  private:
   absl::Status Submit(const v1::GenerateRequest& request, StepSink sink);
-  void OnEvent(const TokenEvent& event);
+  void OnEvent(const TokenEvent& event, RequestMetrics::Clock::time_point handed_over);
   // Gathers a shadow-sampled request's side and hands it to the shadow when it ends.
   void CollectShadowed(const TokenEvent& event);
   void AbortEngineRequest();
@@ -73,9 +78,9 @@ class GenerateCall {
   const ServingContext context_;
   std::string request_id_;
   bool admitted_ = false;
-  std::optional<OutputBuilder> output_;    // engine thread only, once submitted
-  std::optional<RequestMetrics> metrics_;  // engine thread only, once submitted
-  // Shadow-sampled RIDGEFILL requests: their side of the comparison (engine thread only).
+  std::optional<OutputBuilder> output_;    // the call's lane only, once submitted
+  std::optional<RequestMetrics> metrics_;  // the call's lane only, once submitted
+  // Shadow-sampled RIDGEFILL requests: their side of the comparison (the call's lane only).
   std::optional<RidgeFillShadow::Sampled> shadowed_;
   StepSink sink_;
 };
@@ -88,10 +93,10 @@ class GenerateUnaryReactor final : public grpc::ServerUnaryReactor {
   void OnDone() override;
 
  private:
-  void OnStep(OutputBuilder::Step step);  // engine thread
+  void OnStep(OutputBuilder::Step step);  // the call's lane
 
   GenerateCall call_;
-  v1::GenerateResponse response_;  // engine thread
+  v1::GenerateResponse response_;  // the call's lane
   grpc::ByteBuffer* out_;          // owned by gRPC; ours to fill until Finish
 };
 
@@ -103,7 +108,7 @@ class GenerateStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBu
   void OnDone() override;
 
  private:
-  void OnStep(OutputBuilder::Step step);  // engine thread
+  void OnStep(OutputBuilder::Step step);  // the call's lane
   // Under mu_: starts the next write or, when everything is written and the engine is done,
   // claims the Finish. The caller acts on the result after unlocking.
   enum class Next { kNothing, kWrite, kFinish };

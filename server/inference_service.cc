@@ -19,7 +19,8 @@ InferenceService::InferenceService(const Model& model, Engine& engine, ServerOpt
       engine_(engine),
       options_(std::move(options)),
       ridgefill_(ridgefill),
-      context_{model_, engine_, options_, registry_, metrics, ridgefill_, shadow} {}
+      events_(options_.event_threads),
+      context_{model_, engine_, options_, registry_, metrics, ridgefill_, shadow, &events_} {}
 
 namespace {
 

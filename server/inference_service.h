@@ -74,6 +74,9 @@ class InferenceService final : public RawInferenceService {
   const ServerOptions options_;
   const RidgeFillMapsManager& ridgefill_;
   RequestRegistry registry_;
+  // Declared after the members the calls use, so it is destroyed (after running what is left)
+  // while they still exist.
+  EventLanes events_;
   const ServingContext context_;
 };
 

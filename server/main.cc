@@ -139,6 +139,9 @@ ABSL_FLAG(bool, enable_prefix_caching, true,
 ABSL_FLAG(int32_t, default_exact_tail_tokens, 1024,
           "RidgeFill: exact prompt tail when a request does not say");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all)");
+ABSL_FLAG(int32_t, event_threads, 1,
+          "threads that turn engine events into responses (detokenizing, stop strings, "
+          "protobufs, metrics), off the engine thread; a call's events stay on one");
 ABSL_FLAG(std::string, cpu_activations, "f32",
           "CPU backend: f32 (float math on the exact dequantized weights) or int8 (activations "
           "quantized per 32-block, integer dot products: about 1.9x the decode speed, less exact)");
@@ -182,6 +185,10 @@ absl::Status CheckFlags() {
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend != "cpu" && backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda, got ", backend));
+  }
+  if (absl::GetFlag(FLAGS_event_threads) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--event_threads must be >= 1, got ", absl::GetFlag(FLAGS_event_threads)));
   }
   if (absl::GetFlag(FLAGS_tensor_parallel) < 1) {
     return absl::InvalidArgumentError(
@@ -556,6 +563,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   ServerOptions options;
   options.backend = absl::GetFlag(FLAGS_backend);
   options.tensor_parallel = absl::GetFlag(FLAGS_tensor_parallel);
+  options.event_threads = absl::GetFlag(FLAGS_event_threads);
   options.default_exact_tail_tokens = absl::GetFlag(FLAGS_default_exact_tail_tokens);
   options.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
   options.max_stop_strings = absl::GetFlag(FLAGS_max_stop_strings);

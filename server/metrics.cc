@@ -391,7 +391,8 @@ RequestMetrics::RequestMetrics(ServerMetrics& metrics, const EngineRequest& requ
       spec_kv_(request.spec_kv.budget > 0 &&
                static_cast<size_t>(request.spec_kv.budget) < request.prompt.size()) {}
 
-void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_reason) {
+void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_reason,
+                             Clock::time_point handed_over) {
   if (finished_) return;
   ServerMetrics::ModeMetrics& mode =
       metrics_.modes_[event.split_layer >= 0 ? ServerMetrics::kRidgeFill
@@ -399,7 +400,6 @@ void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_re
                       : spec_kv_             ? ServerMetrics::kSpecKv
                                              : ServerMetrics::kExact];
   if (!event.tokens.empty()) {
-    const Clock::time_point now = Clock::now();
     if (!last_token_) {
       mode.ttft->Observe(event.timing.ttft_seconds);
       metrics_.prompt_tokens_->Increment(event.prompt_tokens);
@@ -417,9 +417,9 @@ void RequestMetrics::OnEvent(const TokenEvent& event, v1::FinishReason finish_re
         metrics_.spec_kv_dropped_tokens_->Increment(event.prompt_tokens - event.kept_kv_tokens);
       }
     } else {
-      mode.itl->Observe(std::chrono::duration<double>(now - *last_token_).count());
+      mode.itl->Observe(std::chrono::duration<double>(handed_over - *last_token_).count());
     }
-    last_token_ = now;
+    last_token_ = handed_over;
     metrics_.generation_tokens_->Increment(static_cast<double>(event.tokens.size()));
   }
   if (!event.finished) return;

@@ -27,8 +27,9 @@
 //   token's KV for memory).
 // - At every later event that carries tokens: ridgeserve_inter_token_latency_seconds, one
 //   observation per event (an event carrying several tokens is one gap, as in vLLM), timed on
-//   the steady clock when the engine thread hands the event to the server: the callback runs
-//   right after sampling, so the gap is the engine's step-to-step time for that request.
+//   the steady clock when the engine thread hands the event to the server (right after
+//   sampling, before the event waits for its call's lane), so the gap is the engine's
+//   step-to-step time for that request.
 // - ridgeserve_generation_tokens_total: tokens the engine generated, as they are produced
 //   (including tokens dropped after a stop string matched: they were computed).
 // - At the final OK event: ridgeserve_e2e_request_latency_seconds, and for requests that got
@@ -72,7 +73,7 @@
 //   requests of their own and are in no other ridgeserve_* family but the engine gauges.
 //
 // Threading: every method is thread-safe. RequestMetrics belongs to one request and is fed
-// its events in order (the engine thread).
+// its events in order (on its call's lane).
 #ifndef RIDGESERVE_SERVER_METRICS_H_
 #define RIDGESERVE_SERVER_METRICS_H_
 
@@ -206,13 +207,15 @@ class RequestMetrics {
   // "spec_pc" / "spec_kv".
   RequestMetrics(ServerMetrics& metrics, const EngineRequest& request);
 
-  // Every engine event of the request, in order. `finish_reason` is what the client is told on
-  // the final event (STOP_SEQUENCE when the server matched a stop string); unused before.
-  void OnEvent(const TokenEvent& event, v1::FinishReason finish_reason);
-
- private:
   using Clock = std::chrono::steady_clock;
 
+  // Every engine event of the request, in order. `finish_reason` is what the client is told on
+  // the final event (STOP_SEQUENCE when the server matched a stop string); unused before.
+  // `handed_over`: when the engine thread handed the event over.
+  void OnEvent(const TokenEvent& event, v1::FinishReason finish_reason,
+               Clock::time_point handed_over = Clock::now());
+
+ private:
   ServerMetrics& metrics_;
   const bool spec_pc_;
   const bool spec_kv_;

@@ -4,7 +4,7 @@
 // final message. Transport-agnostic: the streaming reactor writes each delta, the unary one
 // merges them.
 //
-// Threading: one instance per request; OnEvent is called on the engine thread in event order.
+// Threading: one instance per request; OnEvent is called in event order (on the call's lane).
 #ifndef RIDGESERVE_SERVER_OUTPUT_BUILDER_H_
 #define RIDGESERVE_SERVER_OUTPUT_BUILDER_H_
 

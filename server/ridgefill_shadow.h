@@ -8,7 +8,8 @@
 // RidgeFill), top-1 agreement and the tokens' NLL under exact prefill, exported by split
 // layer (ServerMetrics::RecordShadow).
 //
-// Threading: Sample from gRPC threads; Shadow and the shadow's events on the engine thread.
+// Threading: Sample from gRPC threads, Shadow from the calls' event lanes; the shadows' events
+// on the engine thread.
 #ifndef RIDGESERVE_SERVER_RIDGEFILL_SHADOW_H_
 #define RIDGESERVE_SERVER_RIDGEFILL_SHADOW_H_
 

@@ -16,6 +16,8 @@ inline constexpr int kMaxStopStringBytes = 256;
 struct ServerOptions {
   std::string backend = "cpu";  // reported by GetModelInfo
   int32_t tensor_parallel = 1;
+  // Threads that turn engine events into responses (--event_threads; at least 1).
+  int32_t event_threads = 1;
   // RidgeFill: tokens at the end of the prompt that run exactly when a request does not say.
   int32_t default_exact_tail_tokens = 1024;
   // Limits of one request (--max_prompt_tokens, --max_stop_strings, --max_stop_string_bytes);
