@@ -1,12 +1,15 @@
 #include "engine/ridgefill/online_calibration.h"
 
 #include <cblas.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
@@ -242,10 +245,16 @@ OnlineCalibrationStatus OnlineCalibrator::status() const {
 }
 
 void OnlineCalibrator::Run() {
-  // Background work: the lowest CPU priority, so it takes idle time first and the serving
-  // threads keep theirs; and single-threaded BLAS (OpenBLAS's own threads would spin against the
-  // engine's workers; the server makes no other BLAS call while serving).
-  setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+  // Background work: SCHED_IDLE, so it runs only on a core no other thread wants and a
+  // serving thread that wakes takes the core back at once (nice 19 where the policy is
+  // refused); and single-threaded BLAS (OpenBLAS's own threads would spin against the engine's
+  // workers; the server makes no other BLAS call while serving).
+  const sched_param idle{};
+  if (const int error = pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle); error != 0) {
+    spdlog::warn("RidgeFill online calibration: SCHED_IDLE refused ({}), running at nice 19",
+                 std::strerror(error));
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), 19);
+  }
   openblas_set_num_threads(1);
   // A restored checkpoint that had been re-solved from: its maps again, at once.
   bool resolve = status().rows >= options_.resolve_rows;
