@@ -6,6 +6,7 @@
 //
 // Input and --decoded_out hold records "<byte length>\n<bytes>\n". --ids_out holds one line
 // of space-separated ids per record. --decoded_out holds Decode(Encode(doc)).
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -32,7 +33,9 @@ bool ReadRecords(const std::string& path, std::vector<std::string>* docs) {
   std::string header;
   while (std::getline(in, header)) {
     if (header.empty()) continue;
-    const size_t length = std::stoul(header);
+    size_t length = 0;
+    const char* end = header.data() + header.size();
+    if (std::from_chars(header.data(), end, length).ptr != end) return false;  // not a length
     std::string doc(length, '\0');
     in.read(doc.data(), static_cast<std::streamsize>(length));
     if (static_cast<size_t>(in.gcount()) != length) return false;
@@ -89,7 +92,8 @@ int main(int argc, char** argv) {
   if (!tokenizer.ok()) return Fail(tokenizer.status().ToString());
 
   std::vector<std::string> docs;
-  if (!ReadRecords(input, &docs)) return Fail("cannot read records from " + input);
+  if (!ReadRecords(input, &docs))
+    return Fail(input + ": not records of a byte-length line and that many bytes");
 
   std::ofstream ids_file(ids_out, std::ios::binary);
   std::ofstream decoded_file(decoded_out, std::ios::binary);
