@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -120,6 +121,12 @@ struct AttentionRows {
   const int32_t* block_tables = nullptr;         // [block_table_offsets[num_seqs]]
 };
 
+// A device's memory at the moment of asking (cudaMemGetInfo on CUDA).
+struct DeviceMemory {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -136,6 +143,9 @@ class Backend {
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   // Waits for queued work (no-op on CPU).
   virtual void Synchronize() = 0;
+  // The device's memory, which sizes the KV cache (--gpu_memory_utilization); nullopt for a
+  // backend on host memory (its cache is --kv_cache_tokens).
+  virtual std::optional<DeviceMemory> MemoryInfo() { return std::nullopt; }
 
   // --- weights ----------------------------------------------------------------------------
   // Packs `parts` stacked along rows (all with the same cols) into one weight. Each part keeps

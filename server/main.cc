@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <random>
 #include <span>
@@ -29,6 +30,7 @@
 #include "engine/draft/spec_pc.h"
 #include "engine/engine.h"
 #include "engine/model/model.h"
+#include "engine/parallel/memory_plan.h"
 #include "engine/parallel/rank_group.h"
 #include "engine/ridgefill/online_calibration.h"
 #include "engine/ridgefill/ridgefill_load.h"
@@ -133,7 +135,12 @@ ABSL_FLAG(int32_t, max_batch_tokens, 2048, "token budget of one engine step (pre
 ABSL_FLAG(int32_t, max_running_requests, 64, "requests decoding or prefilling at once");
 ABSL_FLAG(int32_t, max_queued_requests, 256,
           "waiting requests beyond this are refused with RESOURCE_EXHAUSTED");
-ABSL_FLAG(int32_t, kv_cache_tokens, 65536, "KV cache capacity in tokens");
+ABSL_FLAG(int32_t, kv_cache_tokens, 0,
+          "KV cache capacity in tokens (0: 65536 on the CPU, on a GPU what "
+          "--gpu_memory_utilization leaves; there, a value > 0 is an upper bound)");
+ABSL_FLAG(double, gpu_memory_utilization, 0.90,
+          "share of each GPU's memory the server may use (weights, workspace, KV cache), less "
+          "what other processes hold when it starts");
 ABSL_FLAG(bool, enable_prefix_caching, true,
           "reuse the KV blocks of prompt prefixes computed before (per prefill mode)");
 ABSL_FLAG(int32_t, default_exact_tail_tokens, 1024,
@@ -186,10 +193,6 @@ absl::Status CheckFlags() {
   if (backend != "cpu" && backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("--backend must be cpu or cuda, got ", backend));
   }
-  if (absl::GetFlag(FLAGS_event_threads) < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--event_threads must be >= 1, got ", absl::GetFlag(FLAGS_event_threads)));
-  }
   if (absl::GetFlag(FLAGS_tensor_parallel) < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tensor_parallel must be >= 1, got ", absl::GetFlag(FLAGS_tensor_parallel)));
@@ -209,7 +212,6 @@ absl::Status CheckFlags() {
         std::pair{"max_queued_requests", absl::GetFlag(FLAGS_max_queued_requests)},
         std::pair{"ridgefill_shadow_step_tokens",
                   absl::GetFlag(FLAGS_ridgefill_shadow_step_tokens)},
-        std::pair{"kv_cache_tokens", absl::GetFlag(FLAGS_kv_cache_tokens)},
         std::pair{"draft_kv_cache_tokens", absl::GetFlag(FLAGS_draft_kv_cache_tokens)}}) {
     if (value < 1) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " must be >= 1, got ", value));
@@ -263,10 +265,16 @@ absl::Status CheckDraftFlags() {
   return absl::OkStatus();
 }
 
-// The limit flags; an error is a usage error (exit code 2).
+// The limit and capacity flags; an error is a usage error (exit code 2).
 absl::Status CheckLimitFlags() {
+  if (const double u = absl::GetFlag(FLAGS_gpu_memory_utilization); !(u > 0 && u <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu_memory_utilization must be in (0, 1], got ", u));
+  }
   for (const auto& [name, value, least] :
-       {std::tuple{"max_prompt_tokens", absl::GetFlag(FLAGS_max_prompt_tokens), 0},
+       {std::tuple{"kv_cache_tokens", absl::GetFlag(FLAGS_kv_cache_tokens), 0},
+        std::tuple{"event_threads", absl::GetFlag(FLAGS_event_threads), 1},
+        std::tuple{"max_prompt_tokens", absl::GetFlag(FLAGS_max_prompt_tokens), 0},
         std::tuple{"max_stop_strings", absl::GetFlag(FLAGS_max_stop_strings), 0},
         std::tuple{"max_stop_string_bytes", absl::GetFlag(FLAGS_max_stop_string_bytes), 1},
         std::tuple{"max_request_bytes", absl::GetFlag(FLAGS_max_request_bytes), 1},
@@ -385,6 +393,38 @@ void Drain(InferenceService& service, grpc::Server& server, const ShutdownSignal
   server.Wait();
 }
 
+// The KV cache's capacity in tokens: --kv_cache_tokens on the CPU (0: 65536); on a device what
+// --gpu_memory_utilization leaves of each rank's memory as it is now, before the model loads
+// (the fewest over the ranks), capped at --kv_cache_tokens when it is set. A model that does
+// not fit: one line naming the bytes needed and free, exit 2.
+int32_t KvCacheTokens(const std::string& model_path, const RankGroup& ranks, DType kv_dtype) {
+  constexpr int32_t kCpuDefault = 65536;
+  const int32_t flag = absl::GetFlag(FLAGS_kv_cache_tokens);
+  if (!ranks.backends.front()->MemoryInfo()) return flag > 0 ? flag : kCpuDefault;
+  auto fail = [](const absl::Status& status) {
+    spdlog::error("--gpu_memory_utilization: {}", std::string(status.message()));
+    std::exit(2);
+  };
+  const absl::StatusOr<ModelConfig> config = ReadModelConfig(model_path);
+  if (!config.ok()) fail(config.status());
+  MemoryPlanRequest request;
+  request.tensor_parallel = ranks.size();
+  request.memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
+  request.kv_dtype = kv_dtype;
+  request.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  request.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
+  int64_t tokens = std::numeric_limits<int32_t>::max();
+  for (int r = 0; r < ranks.size(); ++r) {
+    const DeviceMemory memory = *ranks.backends[r]->MemoryInfo();
+    const absl::StatusOr<int64_t> rank = DeviceKvTokens(*config, request, memory, flag);
+    if (!rank.ok()) fail(rank.status());
+    spdlog::info("rank {}: {:.2f} of {:.2f} GB of device memory free, room for {} KV tokens", r,
+                 memory.free_bytes / 1e9, memory.total_bytes / 1e9, *rank);
+    tokens = std::min(tokens, *rank);
+  }
+  return static_cast<int32_t>(tokens);
+}
+
 // --ridgefill_online_calibration: the calibrator over the shipped maps (which must be there
 // at start) and their statistics; null when off.
 absl::StatusOr<std::unique_ptr<OnlineCalibrator>> OnlineCalibratorFromFlags(Model& model) {
@@ -453,6 +493,10 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   const RankGroup ranks = *std::move(created);
   Backend& backend = *ranks.backends.front();
   const std::string model_path = absl::GetFlag(FLAGS_model);
+  RS_ASSIGN_OR_RETURN(const DType kv_dtype,
+                      ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), backend));
+  // Before the model loads: what other processes hold of each device is known only now.
+  const int32_t kv_cache_tokens = KvCacheTokens(model_path, ranks, kv_dtype);
   const absl::Time load_start = absl::Now();
   absl::StatusOr<std::unique_ptr<Model>> loaded =
       LoadModel(model_path, ranks.backend_ptrs(), ranks.comms);
@@ -466,8 +510,6 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   }
   RS_RETURN_IF_ERROR(loaded.status());
   std::unique_ptr<Model> model = *std::move(loaded);
-  RS_ASSIGN_OR_RETURN(const DType kv_dtype,
-                      ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), backend));
   for (LlamaModel* rank : model->rank_models()) rank->SetKvCacheDType(kv_dtype);
   spdlog::info("loaded {} ({}, {} layers, context {}) in {:.2f} s", model_path,
                model->config.arch_name, model->config.num_layers, model->config.context_length,
@@ -513,7 +555,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
       absl::GetFlag(FLAGS_ridgefill_shadow_step_tokens);
   engine_options.scheduler.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   engine_options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
-  engine_options.kv_cache_tokens = absl::GetFlag(FLAGS_kv_cache_tokens);
+  engine_options.kv_cache_tokens = kv_cache_tokens;
   engine_options.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   engine_options.draft = draft.get();
   engine_options.draft_kv_cache_tokens = absl::GetFlag(FLAGS_draft_kv_cache_tokens);
@@ -644,7 +686,7 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   spdlog::set_default_logger(spdlog::stderr_color_mt("ridgeserve"));
 
-  // Usage errors in the security, limit, SpecPC and SpecKV flags: one line, exit code 2.
+  // Usage errors in the security, limit, capacity, SpecPC and SpecKV flags: one line, exit code 2.
   absl::StatusOr<ridgeserve::PortSecurity> security = ridgeserve::PortSecurityFromFlags();
   absl::Status usage = security.status();
   if (usage.ok()) usage = ridgeserve::CheckLimitFlags();

@@ -1,11 +1,15 @@
 #include "engine/model/config.h"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/common/status_macros.h"
 #include "engine/model/gguf.h"
 #include "nlohmann/json.hpp"
 
@@ -206,6 +210,15 @@ absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path) {
     }
   }
   return c;
+}
+
+absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path) {
+  if (path.empty()) return absl::InvalidArgumentError("no model path given");
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return ConfigFromHfJson(path + "/config.json");
+  if (absl::EndsWith(path, ".json")) return ConfigFromHfJson(path);
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
+  return ConfigFromGguf(*gguf, {});
 }
 
 }  // namespace ridgeserve

@@ -45,6 +45,9 @@ absl::StatusOr<ModelConfig> ConfigFromGguf(const GgufFile& gguf,
                                            const std::vector<float>& rope_freq_factors);
 // `path` is a config.json.
 absl::StatusOr<ModelConfig> ConfigFromHfJson(const std::string& path);
+// The architecture of a GGUF file, a Hugging Face directory or its config.json, without reading
+// weights (and without GGUF's rope frequency factors: enough to plan memory, not to run).
+absl::StatusOr<ModelConfig> ReadModelConfig(const std::string& path);
 
 }  // namespace ridgeserve
 

@@ -1,5 +1,6 @@
 #include "engine/parallel/memory_plan.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/status/status.h"
@@ -80,6 +81,32 @@ std::string MemoryPlan::Describe(const ModelConfig& c, const MemoryPlanRequest& 
       Gb(workspace_bytes), Gb(reserve_bytes), Gb(usable_bytes), 100 * r.memory_utilization,
       Gb(r.device_bytes), kv_bytes_per_token / 1024, std::string(KvCacheDTypeName(r.kv_dtype)),
       kv_tokens, double(kv_tokens) / min_kv_tokens, min_kv_tokens);
+}
+
+absl::StatusOr<int64_t> DeviceKvTokens(const ModelConfig& config, MemoryPlanRequest request,
+                                       const DeviceMemory& memory, int64_t max_tokens) {
+  if (!(request.memory_utilization > 0 && request.memory_utilization <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory utilization ", request.memory_utilization, " outside (0, 1]"));
+  }
+  const double total = static_cast<double>(memory.total_bytes);
+  const double others = total - static_cast<double>(memory.free_bytes);
+  const double budget = total * request.memory_utilization - others;
+  const std::string device = absl::StrCat("the device has ", Gb(memory.free_bytes), " of ",
+                                          Gb(total), " free, and at memory utilization ",
+                                          request.memory_utilization, " this server may use ");
+  if (budget <= 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(device, "nothing (other processes hold ", Gb(others), ")"));
+  }
+  request.device_bytes = budget;
+  request.memory_utilization = 1;
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(config, request);
+  if (!plan.ok()) {
+    return absl::Status(plan.status().code(),
+                        absl::StrCat(plan.status().message(), " (", device, Gb(budget), ")"));
+  }
+  return max_tokens > 0 ? std::min(plan->kv_tokens, max_tokens) : plan->kv_tokens;
 }
 
 }  // namespace ridgeserve

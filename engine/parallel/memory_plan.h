@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "engine/model/config.h"
 #include "engine/model/shard.h"
+#include "kernels/backend.h"
 #include "kernels/dtype.h"
 
 namespace ridgeserve {
@@ -48,6 +49,15 @@ struct MemoryPlan {
 // naming the shortfall in bytes when the weights, workspace and reserve leave less than
 // min_kv_tokens of KV cache.
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const MemoryPlanRequest& request);
+
+// The KV cache tokens a server on a device gets (--gpu_memory_utilization, --kv_cache_tokens),
+// from `memory` as it is before the model loads: the server may use total × utilization less
+// what other processes already hold (total − free), and the plan for that budget (PlanMemory
+// with request.device_bytes ignored) leaves the KV cache the rest, capped at `max_tokens` when
+// it is > 0. ResourceExhausted naming the device's free and total bytes when that budget does
+// not hold the weights, workspace, reserve and request.min_kv_tokens of KV.
+absl::StatusOr<int64_t> DeviceKvTokens(const ModelConfig& config, MemoryPlanRequest request,
+                                       const DeviceMemory& memory, int64_t max_tokens);
 
 }  // namespace ridgeserve
 

@@ -4,7 +4,6 @@
 // (the plan on stdout), 1 when it does not (one line naming the shortfall), 2 for bad input.
 //   ridgeserve-plan --model config.json --tensor_parallel 2 --device_memory 80GB
 #include <cstdio>
-#include <filesystem>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -13,9 +12,6 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "engine/common/status_macros.h"
-#include "engine/model/gguf.h"
 #include "engine/parallel/memory_plan.h"
 
 ABSL_FLAG(std::string, model, "", "GGUF file, Hugging Face directory or config.json");
@@ -51,17 +47,10 @@ absl::StatusOr<double> ParseBytes(std::string text) {
   return value * scale;
 }
 
-absl::StatusOr<ModelConfig> ReadConfig(const std::string& path) {
-  if (path.empty()) return absl::InvalidArgumentError("--model is required");
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) return ConfigFromHfJson(path + "/config.json");
-  if (absl::EndsWith(path, ".json")) return ConfigFromHfJson(path);
-  RS_ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
-  return ConfigFromGguf(*gguf, {});
-}
-
 int Run() {
-  absl::StatusOr<ModelConfig> config = ReadConfig(absl::GetFlag(FLAGS_model));
+  const std::string path = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<ModelConfig> config =
+      path.empty() ? absl::InvalidArgumentError("--model is required") : ReadModelConfig(path);
   absl::StatusOr<double> bytes = ParseBytes(absl::GetFlag(FLAGS_device_memory));
   absl::StatusOr<DType> weights = ParseKvCacheDType(absl::GetFlag(FLAGS_weight_dtype));
   absl::StatusOr<DType> kv = ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype));

@@ -113,6 +113,12 @@ class CudaBackend final : public Backend {
     }
     return DeviceBuffer(this, data, bytes);
   }
+  std::optional<DeviceMemory> MemoryInfo() override {
+    SetDevice();
+    DeviceMemory memory;
+    CUDA_CHECK(cudaMemGetInfo(&memory.free_bytes, &memory.total_bytes));
+    return memory;
+  }
   void FreeRaw(void* data) override {
     cudaSetDevice(device_);
     // cudaFree waits for the device first, so queued kernels using the buffer finish.

@@ -199,6 +199,10 @@ def check_flag_errors(pki, tmp):
         (["--max_concurrent_streams=0"], ["--max_concurrent_streams"]),
         (["--max_stop_string_bytes=0"], ["--max_stop_string_bytes"]),
         (["--max_prompt_tokens=-1"], ["--max_prompt_tokens"]),
+        (["--kv_cache_tokens=-1"], ["--kv_cache_tokens"]),
+        (["--gpu_memory_utilization=0"], ["--gpu_memory_utilization"]),
+        (["--gpu_memory_utilization=1.5"], ["--gpu_memory_utilization"]),
+        (["--event_threads=0"], ["--event_threads"]),
     ]
     for args, needles in cases:
         rc, out, err = run_tool([SERVER_BIN, f"--model={MODEL}", "--port=0", "--metrics_port=-1",
