@@ -72,6 +72,7 @@
 #include "engine/tools/eval_ridgefill.h"
 #include "engine/tools/eval_spec_kv.h"
 #include "engine/tools/eval_spec_pc.h"
+#include "engine/tools/batched_decode.h"
 #include "engine/tools/sequence_runner.h"
 #include "engine/tools/tool_util.h"
 #include "kernels/cpu/cpu_backend.h"
@@ -305,48 +306,15 @@ class Eval {
     RS_ASSIGN_OR_RETURN(std::vector<int32_t> stream_counts,
                         ParseIntList("streams", absl::GetFlag(FLAGS_streams)));
     const int32_t steps = absl::GetFlag(FLAGS_decode_steps);
-    constexpr int32_t kPrompt = 128, kBlock = 16;
-    const ModelConfig& c = model_->config;
-    if (steps < 1 || kPrompt + steps > c.context_length) {
+    constexpr int32_t kPrompt = 128;
+    if (steps < 1 || kPrompt + steps > model_->config.context_length) {
       return absl::InvalidArgumentError("--decode_steps: outside 1..context - 128");
     }
-    std::mt19937 rng(99);
-    std::uniform_int_distribution<int32_t> pick(256, c.vocab_size - 1);
     Json results = Json::array();
     for (int32_t streams : stream_counts) {
       if (streams < 1) return absl::InvalidArgumentError("--streams: want counts >= 1");
-      const int32_t per_seq = (kPrompt + steps + kBlock - 1) / kBlock;
-      RS_ASSIGN_OR_RETURN(
-          PagedKvCache cache,
-          PagedKvCache::Create(*backend_,
-                               KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, kBlock,
-                                            streams * per_seq, model_->llama->kv_cache_dtype()}));
-      std::vector<BlockTable> tables(streams);
-      std::vector<int32_t> last(streams);
-      std::vector<float> logits;
-      for (int32_t s = 0; s < streams; ++s) {
-        RS_RETURN_IF_ERROR(tables[s].Reserve(cache.pool(), kPrompt + steps, kBlock));
-        std::vector<int32_t> prompt(kPrompt);
-        for (int32_t& t : prompt) t = pick(rng);
-        ForwardBatch batch;
-        batch.AddSequence(tables[s], kBlock, prompt, 0, true);
-        RS_RETURN_IF_ERROR(model_->llama->Forward(batch, cache, logits));
-        last[s] = Argmax(logits);
-      }
-      const auto start = Clock::now();
-      for (int32_t step = 0; step < steps; ++step) {
-        ForwardBatch batch;
-        for (int32_t s = 0; s < streams; ++s) {
-          const int32_t one[] = {last[s]};
-          batch.AddSequence(tables[s], kBlock, one, kPrompt + step, true);
-        }
-        RS_RETURN_IF_ERROR(model_->llama->Forward(batch, cache, logits));
-        for (int32_t s = 0; s < streams; ++s) {
-          last[s] = Argmax(std::span<const float>(logits).subspan(
-              static_cast<size_t>(s) * c.vocab_size, c.vocab_size));
-        }
-      }
-      const double seconds = SecondsSince(start);
+      RS_ASSIGN_OR_RETURN(const double seconds,
+                          TimeBatchedDecode(*model_->llama, streams, kPrompt, steps, 99));
       results.push_back({{"streams", streams},
                          {"steps", steps},
                          {"seconds", seconds},

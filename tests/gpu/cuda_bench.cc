@@ -1,13 +1,22 @@
-// Prefill and single-stream decode speed of a model on one backend, for tests/gpu/run.sh (not a
+// Prefill, decode and RidgeFill speed of a model on one backend, for tests/gpu/run.sh (not a
 // test). One JSON object on stdout:
 //   cuda_bench --backend cuda --model models/SmolLM2-135M-Instruct.Q4_1.gguf
-//   {"backend": "cuda", "prefill_512_tokens_per_s": ..., "prefill_2048_tokens_per_s": ...,
-//    "decode_tokens_per_s": ..., "decode_context": 512}
-// Prefill: one forward pass of N prompt rows (one chunk), timed after one untimed warm-up pass
-// of the same length, best of --repeats. Decode: greedy, one token a step after a 512-token
-// prompt, --decode_tokens steps; each step copies its logits to the host, as serving does.
+//   cuda_bench --backend cuda --random_config tests/gpu/llama31_8b_config.json
+//     --prefill_tokens 8192,32768 --decode_batches 1,16,64 --ridgefill_depths 0.5,0.667
+//     --peak_tflops 989 --peak_hbm_gbps 4800
+// --random_config: the architecture of a config.json with random bf16 weights (RandomModel),
+// so a shape whose weights are not on the machine can be measured.
+// Prefill: N prompt rows in chunks of --chunk (0: one pass), timed after one untimed warm-up of
+// the same length, best of --repeats; with a peak, its model FLOPs (dense, causal attention, the
+// last row's LM head) as a share of it (MFU). Decode: B sequences together after a
+// --decode_context prompt each, --decode_tokens greedy steps timed, each step's logits copied
+// to the host as serving does; with a peak, the bytes a step must read (weights, and the KV of
+// every sequence at its mean context) as a share of it. RidgeFill: the same prefill with the
+// rows from --ridgefill_sink_tokens to N - --exact_tail_tokens filled at split round(depth x
+// layers) by random pre_norm maps (speed only), against the exact prefill.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -18,23 +27,38 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/common/status_macros.h"
 #include "engine/model/model.h"
+#include "engine/ridgefill/map_file.h"
+#include "engine/ridgefill/ridgefill_maps.h"
+#include "engine/tools/batched_decode.h"
+#include "engine/tools/random_model.h"
 #include "engine/tools/sequence_runner.h"
+#include "engine/tools/tool_util.h"
 #include "kernels/backend_registry.h"
 
 ABSL_FLAG(std::string, backend, "cuda", "cpu or cuda");
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face directory");
+ABSL_FLAG(std::string, random_config, "",
+          "instead of --model: this config.json's architecture with random bf16 weights");
 ABSL_FLAG(std::string, prefill_tokens, "512,2048", "prompt lengths to time, comma separated");
+ABSL_FLAG(int32_t, chunk, 0, "prefill rows per forward pass (0: the whole prompt in one)");
+ABSL_FLAG(std::string, decode_batches, "1", "sequences decoding together, comma separated");
 ABSL_FLAG(int32_t, decode_tokens, 128, "decode steps to time");
-ABSL_FLAG(int32_t, decode_context, 512, "prompt length before the decode steps");
+ABSL_FLAG(int32_t, decode_context, 512, "prompt length of each sequence before the decode steps");
+ABSL_FLAG(std::string, ridgefill_depths, "",
+          "RidgeFill splits to time as fractions of the layers, comma separated (empty: none)");
+ABSL_FLAG(int32_t, exact_tail_tokens, 1024, "RidgeFill: the prompt's last rows that run exactly");
+ABSL_FLAG(int32_t, ridgefill_sink_tokens, 4, "RidgeFill: the prompt's first rows that run exactly");
 ABSL_FLAG(int32_t, repeats, 3, "timed prefill passes per length (best is reported)");
+ABSL_FLAG(double, peak_tflops, 0, "dense peak of the device for MFU (H200 bf16: 989; 0: none)");
+ABSL_FLAG(double, peak_hbm_gbps, 0, "memory bandwidth for decode's share (H200: 4800; 0: none)");
 ABSL_FLAG(int32_t, threads, 0, "cpu backend threads (0: all)");
 
 namespace ridgeserve {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 std::vector<int32_t> RandomTokens(int32_t n, int32_t vocab, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -44,70 +68,145 @@ std::vector<int32_t> RandomTokens(int32_t n, int32_t vocab, uint32_t seed) {
   return t;
 }
 
-int Run() {
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      CreateBackend(absl::GetFlag(FLAGS_backend), {.num_threads = absl::GetFlag(FLAGS_threads)});
-  if (!backend.ok()) {
-    std::fprintf(stderr, "cuda_bench: %s\n", std::string(backend.status().message()).c_str());
-    return 2;
+absl::StatusOr<std::vector<double>> ParseDoubles(const std::string& flag, const std::string& s) {
+  std::vector<double> out;
+  if (s.empty()) return out;
+  for (absl::string_view piece : absl::StrSplit(s, ',')) {
+    double v = 0;
+    if (!absl::SimpleAtod(piece, &v) || !(v > 0 && v < 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": want fractions in (0, 1), got '", piece, "'"));
+    }
+    out.push_back(v);
   }
-  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(absl::GetFlag(FLAGS_model), **backend);
-  if (!model.ok()) {
-    std::fprintf(stderr, "cuda_bench: %s\n", std::string(model.status().message()).c_str());
-    return 1;
-  }
-  LlamaModel& llama = *(*model)->llama;
-  llama.SetKvCacheDType((*backend)->DefaultKvCacheDType());
-  const int32_t vocab = (*model)->config.vocab_size;
-  std::string json = "{\"backend\": \"" + absl::GetFlag(FLAGS_backend) + "\"";
-  std::vector<float> logits;
+  return out;
+}
 
-  for (absl::string_view piece : absl::StrSplit(absl::GetFlag(FLAGS_prefill_tokens), ',')) {
-    int32_t n = 0;
-    if (!absl::SimpleAtoi(piece, &n) || n <= 0) {
-      std::fprintf(stderr, "cuda_bench: bad --prefill_tokens entry '%s'\n",
-                   std::string(piece).c_str());
-      return 2;
+// Model FLOPs of a prefill of n rows: the layers' projections, causal attention (QKᵀ and PV
+// over the n(n+1)/2 pairs) and the last row's LM head.
+double PrefillFlops(const ModelConfig& c, double n) {
+  const double h = c.hidden, q = double(c.num_heads) * c.head_dim,
+               kv = double(c.num_kv_heads) * c.head_dim, ff = c.ffn;
+  const double dense = 2 * n * c.num_layers * (h * (q + 2 * kv) + h * q + 3 * h * ff);
+  const double attention = 4 * c.num_layers * q * n * (n + 1) / 2;
+  return dense + attention + 2 * h * c.vocab_size;
+}
+
+// Seconds of the best of `repeats` prefills of `tokens` after one warm-up (with `fill`: RidgeFill).
+absl::StatusOr<double> TimePrefill(LlamaModel& llama, const std::vector<int32_t>& tokens,
+                                   int32_t chunk, int32_t repeats, const RidgeFillRun* fill) {
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  std::vector<float> logits;
+  double best = 1e30;
+  for (int rep = 0; rep <= repeats; ++rep) {
+    SequenceRunner runner(llama, n);
+    const auto start = ToolClock::now();
+    RS_RETURN_IF_ERROR(runner.Append(tokens, chunk > 0 ? chunk : n, false, logits, fill));
+    if (rep > 0) best = std::min(best, SecondsSince(start));  // rep 0 warms up
+  }
+  return best;
+}
+
+// Random pre_norm maps at each split (speed only): every target layer's map is one shared
+// [hidden, hidden] matrix near 0.
+absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RandomMaps(LlamaModel& llama,
+                                                          const std::vector<int32_t>& splits,
+                                                          std::vector<float>& weight,
+                                                          std::vector<float>& bias) {
+  const ModelConfig& c = llama.config();
+  weight.resize(size_t(c.hidden) * c.hidden);
+  bias.assign(c.hidden, 0.0f);
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> small(-1e-3f, 1e-3f);
+  for (float& w : weight) w = small(rng);
+  MapSet maps;
+  maps.model = {0, c.name, c.num_layers, c.hidden};
+  maps.num_kv_heads = c.num_kv_heads;
+  maps.head_dim = c.head_dim;
+  maps.kind = MapTarget::kPreNorm;
+  for (int32_t s : splits) {
+    SplitMaps split;
+    split.split_layer = s;
+    for (int32_t l = s + 2; l < c.num_layers; ++l) {
+      TargetMap t;
+      t.layer = l;
+      t.out_dim = c.hidden;
+      t.weight = weight;
+      t.bias = bias;
+      split.targets.push_back(t);
     }
-    const std::vector<int32_t> tokens = RandomTokens(n, vocab, 1);
-    double best = 1e30;
-    for (int rep = 0; rep <= absl::GetFlag(FLAGS_repeats); ++rep) {
-      SequenceRunner runner(llama, n);
-      const auto start = Clock::now();
-      const absl::Status s = runner.Append(tokens, n, /*all_logits=*/false, logits);
-      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-      if (!s.ok()) {
-        std::fprintf(stderr, "cuda_bench: prefill %d: %s\n", n, std::string(s.message()).c_str());
-        return 1;
-      }
-      if (rep > 0) best = std::min(best, seconds);  // rep 0 warms up
+    maps.splits.push_back(std::move(split));
+  }
+  return RidgeFillMaps::Load(maps, llama);
+}
+
+absl::Status Run(std::string& json) {
+  RS_ASSIGN_OR_RETURN(std::vector<int32_t> lengths,
+                      ParseIntList("prefill_tokens", absl::GetFlag(FLAGS_prefill_tokens)));
+  RS_ASSIGN_OR_RETURN(std::vector<int32_t> batches,
+                      ParseIntList("decode_batches", absl::GetFlag(FLAGS_decode_batches)));
+  RS_ASSIGN_OR_RETURN(std::vector<double> depths,
+                      ParseDoubles("ridgefill_depths", absl::GetFlag(FLAGS_ridgefill_depths)));
+  const std::string name = absl::GetFlag(FLAGS_backend);
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
+                      CreateBackend(name, {.num_threads = absl::GetFlag(FLAGS_threads)}));
+  const std::string random_config = absl::GetFlag(FLAGS_random_config);
+  RS_ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                      random_config.empty() ? LoadModel(absl::GetFlag(FLAGS_model), *backend)
+                                            : RandomModel(random_config, *backend, 1));
+  LlamaModel& llama = *model->llama;
+  llama.SetKvCacheDType(backend->DefaultKvCacheDType());
+  const ModelConfig& c = model->config;
+  const double peak_tflops = absl::GetFlag(FLAGS_peak_tflops);
+  const double peak_gbps = absl::GetFlag(FLAGS_peak_hbm_gbps);
+  const int32_t chunk = absl::GetFlag(FLAGS_chunk), repeats = absl::GetFlag(FLAGS_repeats);
+  json = absl::StrCat("{\"backend\": \"", name, "\", \"model\": \"", model->path,
+                      "\", \"weight_bytes\": ", llama.weights().resident_bytes());
+
+  std::vector<int32_t> splits;
+  for (double d : depths) splits.push_back(static_cast<int32_t>(std::lround(d * c.num_layers)));
+  std::vector<float> map_weight, map_bias;  // the maps' host arrays, alive while they load
+  std::unique_ptr<RidgeFillMaps> maps;
+  if (!splits.empty()) {
+    RS_ASSIGN_OR_RETURN(maps, RandomMaps(llama, splits, map_weight, map_bias));
+  }
+  for (int32_t n : lengths) {
+    if (n < 1) return absl::InvalidArgumentError("--prefill_tokens: want lengths >= 1");
+    const std::vector<int32_t> tokens = RandomTokens(n, c.vocab_size, 1);
+    RS_ASSIGN_OR_RETURN(const double seconds, TimePrefill(llama, tokens, chunk, repeats, nullptr));
+    const std::string key = absl::StrCat(", \"prefill_", n);
+    absl::StrAppend(&json, key, "_tokens_per_s\": ", n / seconds, key, "_seconds\": ", seconds);
+    if (peak_tflops > 0) {
+      absl::StrAppend(&json, key, "_mfu\": ", PrefillFlops(c, n) / seconds / (peak_tflops * 1e12));
     }
-    json += ", \"prefill_" + std::to_string(n) + "_tokens_per_s\": " + std::to_string(n / best);
+    const int32_t sink = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
+    const int32_t exact_from = n - absl::GetFlag(FLAGS_exact_tail_tokens);
+    for (int32_t s : splits) {
+      if (exact_from <= sink) continue;  // nothing to fill
+      RidgeFillRun fill{s, std::vector<uint8_t>(n, 0), maps.get()};
+      std::fill(fill.filled_rows.begin() + sink, fill.filled_rows.begin() + exact_from, 1);
+      RS_ASSIGN_OR_RETURN(const double filled, TimePrefill(llama, tokens, chunk, repeats, &fill));
+      absl::StrAppend(&json, ", \"ridgefill_", n, "_split", s, "_seconds\": ", filled,
+                      ", \"ridgefill_", n, "_split", s, "_speedup\": ", seconds / filled);
+    }
   }
 
   const int32_t context = absl::GetFlag(FLAGS_decode_context);
   const int32_t steps = absl::GetFlag(FLAGS_decode_tokens);
-  SequenceRunner runner(llama, context + steps + 1);
-  if (absl::Status s = runner.Append(RandomTokens(context, vocab, 2), context, false, logits);
-      !s.ok()) {
-    std::fprintf(stderr, "cuda_bench: decode prompt: %s\n", std::string(s.message()).c_str());
-    return 1;
-  }
-  const auto start = Clock::now();
-  for (int32_t i = 0; i < steps; ++i) {
-    const int32_t next =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    const int32_t one[] = {next};
-    if (absl::Status s = runner.Append(one, 1, false, logits); !s.ok()) {
-      std::fprintf(stderr, "cuda_bench: decode: %s\n", std::string(s.message()).c_str());
-      return 1;
+  const double kv_bytes_per_token =
+      2.0 * c.num_layers * c.num_kv_heads * c.head_dim * ElementBytes(llama.kv_cache_dtype());
+  for (int32_t b : batches) {
+    RS_ASSIGN_OR_RETURN(const double seconds, TimeBatchedDecode(llama, b, context, steps, 2));
+    const std::string key = absl::StrCat(", \"decode_b", b);
+    absl::StrAppend(&json, key, "_tokens_per_s\": ", b * steps / seconds);
+    if (peak_gbps > 0) {
+      const double bytes =
+          llama.weights().resident_bytes() + b * (context + steps / 2.0) * kv_bytes_per_token;
+      absl::StrAppend(&json, key, "_hbm_share\": ", bytes * steps / seconds / (peak_gbps * 1e9));
     }
   }
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  json += ", \"decode_tokens_per_s\": " + std::to_string(steps / seconds) +
-          ", \"decode_context\": " + std::to_string(context) + "}";
-  std::printf("%s\n", json.c_str());
-  return 0;
+  absl::StrAppend(&json, ", \"decode_context\": ", context, "}");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -115,5 +214,11 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  return ridgeserve::Run();
+  std::string json;
+  if (absl::Status s = ridgeserve::Run(json); !s.ok()) {
+    std::fprintf(stderr, "cuda_bench: %s\n", std::string(s.message()).c_str());
+    return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::printf("%s\n", json.c_str());
+  return 0;
 }

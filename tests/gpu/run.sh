@@ -11,7 +11,12 @@
 #     with one rank, the registry, the planner); pass / fail / skip counts per binary.
 #  3. Speed: prefill tokens/s at 512 and 2048 and single-stream decode tokens/s of the default
 #     model on CUDA and on the CPU (16 threads), in this same run.
-#  4. A summary (also OUT_DIR/summary.txt).
+#  4. Speed of a Llama-3.1-8B shape with random bf16 weights (tests/gpu/llama31_8b_config.json,
+#     no file): prefill tokens/s and MFU at 8K and 32K (bf16 dense peak 989 TFLOP/s), decode
+#     tokens/s at batch 1, 16 and 64 with the share of HBM bandwidth (4.8 TB/s) the step's reads
+#     take, and RidgeFill prefill time against exact at splits of 1/2 and 2/3 depth (exact tail
+#     1024), if the run has the time left.
+#  5. A summary (also OUT_DIR/summary.txt).
 # The default model must be at $MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf); without
 # it the model test skips and the speed step says "not measured". The file (98 MB) is over the
 # device tool's 64 MiB per-call transfer, so it goes in two calls: tests/gpu/prepare_prebuilt.sh
@@ -124,6 +129,19 @@ if [ -f "$MODEL" ]; then
   done
 else
   say "speed: not measured ($MODEL is not on this machine)"
+fi
+
+# --- 4. speed of an 8B shape ----------------------------------------------------------------
+if [ "$(elapsed)" -gt 240 ]; then
+  say "speed 8B: skipped (the run is at $(elapsed) s of its 8-minute budget)"
+elif timeout 200 "$BIN/cuda_bench" --backend cuda --random_config tests/gpu/llama31_8b_config.json \
+     --prefill_tokens 8192,32768 --chunk 8192 --decode_batches 1,16,64 --decode_tokens 32 \
+     --decode_context 1024 --ridgefill_depths 0.5,0.667 --exact_tail_tokens 1024 --repeats 1 \
+     --peak_tflops 989 --peak_hbm_gbps 4800 \
+     >"$OUT_DIR/bench_8b.json" 2>"$OUT_DIR/bench_8b.err"; then
+  say "speed 8B: $(grep '^{' "$OUT_DIR/bench_8b.json" | tail -1)"
+else
+  say "speed 8B: FAILED or timed out ($(tail -1 "$OUT_DIR/bench_8b.err"))"
 fi
 
 [ "$SKIPPED_TOTAL" -gt 0 ] && say "NOTE: $SKIPPED_TOTAL GPU test(s) SKIPPED, i.e. not run (no device, or no model)"

@@ -1,0 +1,59 @@
+#include "engine/tools/batched_decode.h"
+
+#include <random>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/common/status_macros.h"
+#include "engine/kv/paged_kv_cache.h"
+#include "engine/sampling/sampler.h"
+#include "engine/tools/tool_util.h"
+
+namespace ridgeserve {
+
+absl::StatusOr<double> TimeBatchedDecode(LlamaModel& model, int32_t streams,
+                                         int32_t prompt_tokens, int32_t steps, uint32_t seed) {
+  constexpr int32_t kBlock = 16;
+  const ModelConfig& c = model.config();
+  if (streams < 1 || prompt_tokens < 1 || steps < 1 || prompt_tokens + steps > c.context_length) {
+    return absl::InvalidArgumentError(
+        "batched decode: want streams, prompt and steps >= 1 and prompt + steps <= context");
+  }
+  const int32_t per_seq = (prompt_tokens + steps + kBlock - 1) / kBlock;
+  RS_ASSIGN_OR_RETURN(
+      PagedKvCache cache,
+      PagedKvCache::Create(model.backend(),
+                           KvCacheShape{c.num_layers, model.shard().num_kv_heads, c.head_dim,
+                                        kBlock, streams * per_seq, model.kv_cache_dtype()}));
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(256, c.vocab_size - 1);
+  std::vector<BlockTable> tables(streams);
+  std::vector<int32_t> last(streams);
+  std::vector<float> logits;
+  for (int32_t s = 0; s < streams; ++s) {
+    RS_RETURN_IF_ERROR(tables[s].Reserve(cache.pool(), prompt_tokens + steps, kBlock));
+    std::vector<int32_t> prompt(prompt_tokens);
+    for (int32_t& t : prompt) t = pick(rng);
+    ForwardBatch batch;
+    batch.AddSequence(tables[s], kBlock, prompt, 0, true);
+    RS_RETURN_IF_ERROR(model.Forward(batch, cache, logits));
+    last[s] = Argmax(logits);
+  }
+  const auto start = ToolClock::now();
+  for (int32_t step = 0; step < steps; ++step) {
+    ForwardBatch batch;
+    for (int32_t s = 0; s < streams; ++s) {
+      const int32_t one[] = {last[s]};
+      batch.AddSequence(tables[s], kBlock, one, prompt_tokens + step, true);
+    }
+    RS_RETURN_IF_ERROR(model.Forward(batch, cache, logits));
+    for (int32_t s = 0; s < streams; ++s) {
+      last[s] = Argmax(std::span<const float>(logits).subspan(
+          static_cast<size_t>(s) * c.vocab_size, c.vocab_size));
+    }
+  }
+  return SecondsSince(start);
+}
+
+}  // namespace ridgeserve
