@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run on a development machine (CUDA toolkit, no GPU needed) before a GPU session. For an image
-# that lacks the project's libraries it builds the GPU test binaries and cuda_bench in build-cuda and
+# that lacks the project's libraries it builds the GPU test binaries, cuda_bench, the server and
+# its CLI in build-cuda and
 # copies them, with the shared libraries they need except glibc's and CUDA's own (the GPU
 # image has those), into gpu-prebuilt/ (git-ignored through .git/info/exclude). Carry
 # gpu-prebuilt to the GPU machine; tests/gpu/run.sh uses it when it cannot build there. It also
@@ -9,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-cuda}
 TARGETS=(cuda_attention_plan_test backend_registry_test cuda_ops_test nccl_communicator_test
-         cuda_model_test cuda_bench rs_backend_cuda)
+         cuda_model_test cuda_bench ridgeserve ridgeserve-cli rs_backend_cuda)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DRIDGESERVE_NATIVE=OFF >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}"

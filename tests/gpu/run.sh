@@ -8,7 +8,9 @@
 #     development machine by tests/gpu/prepare_prebuilt.sh are used from gpu-prebuilt/ (carry
 #     that folder) with its libraries on LD_LIBRARY_PATH; USE_PREBUILT=1 goes there directly.
 #  2. Tests: every GPU test binary (ops vs CPU, batch invariance, the default model vs CPU, NCCL
-#     with one rank, the registry, the planner); pass / fail / skip counts per binary.
+#     with one rank, the registry, the planner); pass / fail / skip counts per binary. Then the
+#     server on --backend cuda (tests/gpu/server_check.sh): six greedy answers sent at once equal
+#     the same sent one at a time, and /metrics counts the tokens.
 #  3. Speed: prefill tokens/s at 512 and 2048 and single-stream decode tokens/s of the default
 #     model on CUDA and on the CPU (16 threads), in this same run.
 #  4. Speed of a Llama-3.1-8B shape with random bf16 weights (tests/gpu/llama31_8b_config.json,
@@ -58,7 +60,7 @@ if [ "${USE_PREBUILT:-0}" = 1 ]; then
   say "build: skipped (USE_PREBUILT=1)"
 elif timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT_DIR/configure.log" 2>&1; then
-  if timeout 300 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}" cuda_bench \
+  if timeout 300 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}" cuda_bench ridgeserve ridgeserve-cli \
        >"$OUT_DIR/build.log" 2>&1; then
     BIN="$BUILD/bin"
     say "build: built here in $(elapsed) s"
@@ -111,6 +113,14 @@ for t in "${TESTS[@]}"; do
   fi
 done
 say "tests done at $(elapsed) s"
+
+# --- 2b. the server on --backend cuda ---------------------------------------------------------
+if [ -f "$MODEL" ] && [ -x "$BIN/ridgeserve" ] && [ -x "$BIN/ridgeserve-cli" ]; then
+  timeout 180 tests/gpu/server_check.sh "$BIN" cuda "$MODEL" "$OUT_DIR/server" | tee -a "$SUMMARY"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
+else
+  say "server cuda: not checked (no model or no server binaries)"
+fi
 
 # --- 3. speed -------------------------------------------------------------------------------
 if [ -f "$MODEL" ]; then

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The server on one backend, as tests/gpu/run.sh checks it on a GPU (ctest server_check_cpu runs
+# it on the CPU): greedy answers to six prompts sent one at a time, then all six at once, must be
+# the same (batch invariance through the real server); /metrics must count the tokens served.
+#   tests/gpu/server_check.sh BIN_DIR BACKEND MODEL [OUT_DIR]
+# Prints one summary line; exit 0 when every check holds.
+set -uo pipefail
+BIN=$1 BACKEND=$2 MODEL=$3 OUT=${4:-$(mktemp -d)}
+mkdir -p "$OUT"
+PORT=$((20000 + RANDOM % 20000)) METRICS=$((40000 + RANDOM % 20000))
+"$BIN/ridgeserve" --backend "$BACKEND" --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
+  --metrics_port "$METRICS" --max_running_requests 8 >"$OUT/server_$BACKEND.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+cli() { "$BIN/ridgeserve-cli" --target "127.0.0.1:$PORT" "$@"; }
+for _ in $(seq 120); do
+  cli health >/dev/null 2>&1 && break
+  kill -0 $SERVER 2>/dev/null || { echo "server $BACKEND: did not start: $(tail -1 "$OUT/server_$BACKEND.log")"; exit 1; }
+  sleep 1
+done
+cli health >/dev/null 2>&1 || { echo "server $BACKEND: not healthy after 120 s"; exit 1; }
+PROMPTS=("The capital of France is" "List three prime numbers:" "Once upon a time, in a small"
+         "The GNU General Public License is" "def fibonacci(n):" "Water boils at")
+answer() { cli generate --temperature 0 --max_new_tokens 40 --ignore_eos --prompt "$1"; }
+for i in "${!PROMPTS[@]}"; do answer "${PROMPTS[$i]}" >"$OUT/solo_$i.txt" 2>"$OUT/solo_$i.err"; done
+for i in "${!PROMPTS[@]}"; do answer "${PROMPTS[$i]}" >"$OUT/batched_$i.txt" 2>"$OUT/batched_$i.err" & done
+wait $(jobs -p | grep -v "^$SERVER\$") 2>/dev/null
+same=0
+for i in "${!PROMPTS[@]}"; do
+  if [ -s "$OUT/solo_$i.txt" ] && cmp -s "$OUT/solo_$i.txt" "$OUT/batched_$i.txt"; then
+    same=$((same + 1))
+  else
+    echo "  prompt $i: solo '$(head -c 120 "$OUT/solo_$i.txt")' vs batched '$(head -c 120 "$OUT/batched_$i.txt")'"
+  fi
+done
+# /metrics over bash's /dev/tcp (no curl on every image): tokens generated, 12 requests x 40.
+exec 3<>"/dev/tcp/127.0.0.1/$METRICS"
+printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+tokens=$(grep -E '^ridgeserve_generation_tokens_total ' <&3 | awk '{print int($2)}')
+exec 3<&-
+want=$((2 * ${#PROMPTS[@]} * 40))
+echo "server $BACKEND: $same/${#PROMPTS[@]} batched answers equal the solo ones; /metrics counts ${tokens:-no} generated tokens (want at least $want)"
+[ "$same" -eq "${#PROMPTS[@]}" ] && [ "${tokens:-0}" -ge "$want" ]
