@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Run on a development machine (CUDA toolkit, no GPU needed) before a GPU session. For an image
 # that lacks the project's libraries it builds the GPU test binaries, cuda_bench, the server and
-# its CLI in build-cuda and
-# copies them, with the shared libraries they need except glibc's and CUDA's own (the GPU
-# image has those), into gpu-prebuilt/ (git-ignored through .git/info/exclude). Carry
+# its CLI in build-cuda and copies them, with the shared libraries they need except glibc's and
+# CUDA's own (the GPU image has those), into gpu-prebuilt/ (git-ignored through
+# .git/info/exclude). Carry
 # gpu-prebuilt to the GPU machine; tests/gpu/run.sh uses it when it cannot build there. It also
 # splits the default model into gpu-model/ (see run.sh's header for the two-call transfer).
 set -euo pipefail
