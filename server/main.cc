@@ -393,32 +393,60 @@ void Drain(InferenceService& service, grpc::Server& server, const ShutdownSignal
   server.Wait();
 }
 
-// The KV cache's capacity in tokens: --kv_cache_tokens on the CPU (0: 65536); on a device what
-// --gpu_memory_utilization leaves of each rank's memory as it is now, before the model loads
-// (the fewest over the ranks), capped at --kv_cache_tokens when it is set. A model that does
-// not fit: one line naming the bytes needed and free, exit 2.
-int32_t KvCacheTokens(const std::string& model_path, const RankGroup& ranks, DType kv_dtype) {
-  constexpr int32_t kCpuDefault = 65536;
-  const int32_t flag = absl::GetFlag(FLAGS_kv_cache_tokens);
-  if (!ranks.backends.front()->MemoryInfo()) return flag > 0 ? flag : kCpuDefault;
-  auto fail = [](const absl::Status& status) {
-    spdlog::error("--gpu_memory_utilization: {}", std::string(status.message()));
-    std::exit(2);
-  };
-  const absl::StatusOr<ModelConfig> config = ReadModelConfig(model_path);
-  if (!config.ok()) fail(config.status());
+// The memory plan of a server on a device (--gpu_memory_utilization): the least KV cache it
+// accepts is one full context, or --kv_cache_tokens when that is smaller.
+MemoryPlanRequest DevicePlanRequest(const ModelConfig& config, int ranks, DType kv_dtype) {
   MemoryPlanRequest request;
-  request.tensor_parallel = ranks.size();
+  request.tensor_parallel = ranks;
   request.memory_utilization = absl::GetFlag(FLAGS_gpu_memory_utilization);
   request.kv_dtype = kv_dtype;
   request.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   request.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
+  const int32_t cap = absl::GetFlag(FLAGS_kv_cache_tokens);
+  request.min_kv_tokens = cap > 0 ? std::min(cap, config.context_length) : 0;
+  return request;
+}
+
+// On a device, before the model loads: a model that does not fit on a rank's device stops the
+// server with one line naming the bytes needed and free (exit 2). What it cannot plan (a file
+// it cannot read, a tensor-parallel size the shape does not divide) is left to the loader,
+// which names it.
+void CheckModelFits(const std::string& model_path, const RankGroup& ranks, DType kv_dtype) {
+  if (!ranks.backends.front()->MemoryInfo()) return;
+  const absl::StatusOr<ModelConfig> config = ReadModelConfig(model_path);
+  if (!config.ok()) return;
+  const MemoryPlanRequest request = DevicePlanRequest(*config, ranks.size(), kv_dtype);
+  for (int r = 0; r < ranks.size(); ++r) {
+    const absl::Status fits = CheckDeviceFit(*config, request, *ranks.backends[r]->MemoryInfo());
+    if (absl::IsResourceExhausted(fits)) {
+      spdlog::error("the model does not fit on GPU {}: {}", r, std::string(fits.message()));
+      std::exit(2);
+    }
+  }
+}
+
+// The KV cache's capacity in tokens: --kv_cache_tokens on the CPU (0: 65536). On a device,
+// after the weights (and a draft's) are loaded: what --gpu_memory_utilization leaves of each
+// rank's memory after what is in use, the workspace, the reserve and the RidgeFill maps (their
+// f32 file's size: room for the bf16 maps twice, as a reload holds old and new), the fewest over
+// the ranks, capped at --kv_cache_tokens when set. Too little: one line, exit 2.
+int32_t KvCacheTokens(const Model& model, const RankGroup& ranks, DType kv_dtype) {
+  constexpr int32_t kCpuDefault = 65536;
+  const int32_t cap = absl::GetFlag(FLAGS_kv_cache_tokens);
+  if (!ranks.backends.front()->MemoryInfo()) return cap > 0 ? cap : kCpuDefault;
+  std::error_code ec;
+  const uintmax_t maps_bytes = std::filesystem::file_size(absl::GetFlag(FLAGS_ridgefill_maps), ec);
+  const double maps = ec ? 0.0 : static_cast<double>(maps_bytes);
+  const MemoryPlanRequest request = DevicePlanRequest(model.config, ranks.size(), kv_dtype);
   int64_t tokens = std::numeric_limits<int32_t>::max();
   for (int r = 0; r < ranks.size(); ++r) {
     const DeviceMemory memory = *ranks.backends[r]->MemoryInfo();
-    const absl::StatusOr<int64_t> rank = DeviceKvTokens(*config, request, memory, flag);
-    if (!rank.ok()) fail(rank.status());
-    spdlog::info("rank {}: {:.2f} of {:.2f} GB of device memory free, room for {} KV tokens", r,
+    const absl::StatusOr<int64_t> rank = DeviceKvTokens(model.config, request, memory, maps, cap);
+    if (!rank.ok()) {
+      spdlog::error("KV cache on GPU {}: {}", r, std::string(rank.status().message()));
+      std::exit(2);
+    }
+    spdlog::info("GPU {}: {:.2f} of {:.2f} GB free after loading, room for {} KV tokens", r,
                  memory.free_bytes / 1e9, memory.total_bytes / 1e9, *rank);
     tokens = std::min(tokens, *rank);
   }
@@ -495,8 +523,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   const std::string model_path = absl::GetFlag(FLAGS_model);
   RS_ASSIGN_OR_RETURN(const DType kv_dtype,
                       ResolveKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype), backend));
-  // Before the model loads: what other processes hold of each device is known only now.
-  const int32_t kv_cache_tokens = KvCacheTokens(model_path, ranks, kv_dtype);
+  CheckModelFits(model_path, ranks, kv_dtype);
   const absl::Time load_start = absl::Now();
   absl::StatusOr<std::unique_ptr<Model>> loaded =
       LoadModel(model_path, ranks.backend_ptrs(), ranks.comms);
@@ -555,7 +582,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
       absl::GetFlag(FLAGS_ridgefill_shadow_step_tokens);
   engine_options.scheduler.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   engine_options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
-  engine_options.kv_cache_tokens = kv_cache_tokens;
+  engine_options.kv_cache_tokens = KvCacheTokens(*model, ranks, kv_dtype);
   engine_options.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   engine_options.draft = draft.get();
   engine_options.draft_kv_cache_tokens = absl::GetFlag(FLAGS_draft_kv_cache_tokens);

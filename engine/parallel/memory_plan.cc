@@ -83,30 +83,67 @@ std::string MemoryPlan::Describe(const ModelConfig& c, const MemoryPlanRequest& 
       kv_tokens, double(kv_tokens) / min_kv_tokens, min_kv_tokens);
 }
 
-absl::StatusOr<int64_t> DeviceKvTokens(const ModelConfig& config, MemoryPlanRequest request,
-                                       const DeviceMemory& memory, int64_t max_tokens) {
+namespace {
+
+// What a device server may use: total × utilization less what is in use (`in_use` names it).
+absl::StatusOr<double> DeviceBudget(const MemoryPlanRequest& request, const DeviceMemory& memory,
+                                    const char* in_use, std::string& device) {
   if (!(request.memory_utilization > 0 && request.memory_utilization <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory utilization ", request.memory_utilization, " outside (0, 1]"));
   }
   const double total = static_cast<double>(memory.total_bytes);
-  const double others = total - static_cast<double>(memory.free_bytes);
-  const double budget = total * request.memory_utilization - others;
-  const std::string device = absl::StrCat("the device has ", Gb(memory.free_bytes), " of ",
-                                          Gb(total), " free, and at memory utilization ",
-                                          request.memory_utilization, " this server may use ");
-  if (budget <= 0) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat(device, "nothing (other processes hold ", Gb(others), ")"));
-  }
+  const double used = total - static_cast<double>(memory.free_bytes);
+  const double budget = total * request.memory_utilization - used;
+  device = absl::StrCat("the device has ", Gb(memory.free_bytes), " of ", Gb(total), " free (",
+                        in_use, " ", Gb(used), "); at memory utilization ",
+                        request.memory_utilization, " this server may use ", Gb(budget));
+  if (budget <= 0) return absl::ResourceExhaustedError(device);
+  return budget;
+}
+
+int64_t MinKvTokens(const ModelConfig& config, const MemoryPlanRequest& request) {
+  return request.min_kv_tokens > 0 ? request.min_kv_tokens : config.context_length;
+}
+
+}  // namespace
+
+absl::Status CheckDeviceFit(const ModelConfig& config, MemoryPlanRequest request,
+                            const DeviceMemory& before_load) {
+  std::string device;
+  RS_ASSIGN_OR_RETURN(const double budget,
+                      DeviceBudget(request, before_load, "others hold", device));
   request.device_bytes = budget;
   request.memory_utilization = 1;
-  absl::StatusOr<MemoryPlan> plan = PlanMemory(config, request);
-  if (!plan.ok()) {
-    return absl::Status(plan.status().code(),
-                        absl::StrCat(plan.status().message(), " (", device, Gb(budget), ")"));
+  const absl::StatusOr<MemoryPlan> plan = PlanMemory(config, request);
+  if (plan.ok()) return absl::OkStatus();
+  return absl::Status(plan.status().code(),
+                      absl::StrCat(plan.status().message(), " (", device, ")"));
+}
+
+absl::StatusOr<int64_t> DeviceKvTokens(const ModelConfig& config, MemoryPlanRequest request,
+                                       const DeviceMemory& after_load, double other_bytes,
+                                       int64_t max_tokens) {
+  std::string device;
+  RS_ASSIGN_OR_RETURN(const double budget,
+                      DeviceBudget(request, after_load, "in use, the weights among it", device));
+  // The workspace and KV bytes a token of this shape take (no device to fit them on here).
+  MemoryPlanRequest shape = request;
+  shape.device_bytes = 1e18;
+  shape.memory_utilization = 1;
+  RS_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(config, shape));
+  const double left = budget - plan.workspace_bytes - request.reserve_bytes - other_bytes;
+  const int64_t tokens = left <= 0 ? 0
+                                   : static_cast<int64_t>(left / plan.kv_bytes_per_token) /
+                                         kBlockTokens * kBlockTokens;
+  const int64_t least = MinKvTokens(config, request);
+  if (tokens < least) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "room for ", tokens, " KV tokens, need ", least, " (", Gb(least * plan.kv_bytes_per_token),
+        "): ", device, ", less workspace ", Gb(plan.workspace_bytes), ", reserve ",
+        Gb(request.reserve_bytes), " and ", Gb(other_bytes), " still to allocate"));
   }
-  return max_tokens > 0 ? std::min(plan->kv_tokens, max_tokens) : plan->kv_tokens;
+  return max_tokens > 0 ? std::min(tokens, max_tokens) : tokens;
 }
 
 }  // namespace ridgeserve

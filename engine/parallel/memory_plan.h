@@ -50,14 +50,22 @@ struct MemoryPlan {
 // min_kv_tokens of KV cache.
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const MemoryPlanRequest& request);
 
-// The KV cache tokens a server on a device gets (--gpu_memory_utilization, --kv_cache_tokens),
-// from `memory` as it is before the model loads: the server may use total × utilization less
-// what other processes already hold (total − free), and the plan for that budget (PlanMemory
-// with request.device_bytes ignored) leaves the KV cache the rest, capped at `max_tokens` when
-// it is > 0. ResourceExhausted naming the device's free and total bytes when that budget does
-// not hold the weights, workspace, reserve and request.min_kv_tokens of KV.
+// A server on a device (--gpu_memory_utilization, --kv_cache_tokens) may use total × utilization
+// of its memory, less what is in use when `memory` was read. request.device_bytes is ignored;
+// request.min_kv_tokens (0: one full context) is the least KV cache it accepts.
+//
+// Before the model loads: OK when that budget holds the plan's weights, workspace, reserve and
+// min_kv_tokens of KV; else ResourceExhausted with PlanMemory's line and the device's free,
+// total and used bytes.
+absl::Status CheckDeviceFit(const ModelConfig& config, MemoryPlanRequest request,
+                            const DeviceMemory& before_load);
+// After this process has loaded its weights (they are in use now): the KV cache tokens, whole
+// blocks, that the budget leaves after the plan's workspace, the reserve and `other_bytes` (what
+// the server will still allocate: RidgeFill maps), capped at `max_tokens` when > 0.
+// ResourceExhausted naming the numbers when that is below min_kv_tokens.
 absl::StatusOr<int64_t> DeviceKvTokens(const ModelConfig& config, MemoryPlanRequest request,
-                                       const DeviceMemory& memory, int64_t max_tokens);
+                                       const DeviceMemory& after_load, double other_bytes,
+                                       int64_t max_tokens);
 
 }  // namespace ridgeserve
 

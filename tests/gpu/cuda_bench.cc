@@ -10,10 +10,11 @@
 // the same length, best of --repeats; with a peak, its model FLOPs (dense, causal attention, the
 // last row's LM head) as a share of it (MFU). Decode: B sequences together after a
 // --decode_context prompt each, --decode_tokens greedy steps timed, each step's logits copied
-// to the host as serving does; with a peak, the bytes a step must read (weights, and the KV of
-// every sequence at its mean context) as a share of it. RidgeFill: the same prefill with the
-// rows from --ridgefill_sink_tokens to N - --exact_tail_tokens filled at split round(depth x
-// layers) by random pre_norm maps (speed only), against the exact prefill.
+// to the host as serving does; with a peak, the bytes a step must read (the weights but an
+// untied embedding table, and the KV of every sequence at its mean context) as a share of it.
+// RidgeFill: the same prefill with the rows from --ridgefill_sink_tokens to N - --exact_tail_tokens
+// filled at split round(depth x layers) by random pre_norm maps (speed only), against the exact
+// prefill.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -137,6 +138,7 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RandomMaps(LlamaModel& llama,
     }
     maps.splits.push_back(std::move(split));
   }
+  RS_RETURN_IF_ERROR(ValidateMapSet(maps));  // a split outside [0, L - 3], or one twice
   return RidgeFillMaps::Load(maps, llama);
 }
 
@@ -168,7 +170,13 @@ absl::Status Run(std::string& json) {
   std::vector<float> map_weight, map_bias;  // the maps' host arrays, alive while they load
   std::unique_ptr<RidgeFillMaps> maps;
   if (!splits.empty()) {
-    RS_ASSIGN_OR_RETURN(maps, RandomMaps(llama, splits, map_weight, map_bias));
+    absl::StatusOr<std::unique_ptr<RidgeFillMaps>> loaded =
+        RandomMaps(llama, splits, map_weight, map_bias);
+    if (!loaded.ok()) {
+      return absl::Status(loaded.status().code(),
+                          absl::StrCat("--ridgefill_depths: ", loaded.status().message()));
+    }
+    maps = *std::move(loaded);
   }
   for (int32_t n : lengths) {
     if (n < 1) return absl::InvalidArgumentError("--prefill_tokens: want lengths >= 1");
@@ -195,13 +203,17 @@ absl::Status Run(std::string& json) {
   const int32_t steps = absl::GetFlag(FLAGS_decode_tokens);
   const double kv_bytes_per_token =
       2.0 * c.num_layers * c.num_kv_heads * c.head_dim * ElementBytes(llama.kv_cache_dtype());
+  // A step reads every weight but an untied embedding table, of which it gathers B rows.
+  const ModelWeights& w = llama.weights();
+  const double weight_bytes =
+      static_cast<double>(w.resident_bytes() - (w.lm_head.empty() ? 0 : w.token_embd.bytes()));
   for (int32_t b : batches) {
     RS_ASSIGN_OR_RETURN(const double seconds, TimeBatchedDecode(llama, b, context, steps, 2));
     const std::string key = absl::StrCat(", \"decode_b", b);
     absl::StrAppend(&json, key, "_tokens_per_s\": ", b * steps / seconds);
     if (peak_gbps > 0) {
-      const double bytes =
-          llama.weights().resident_bytes() + b * (context + steps / 2.0) * kv_bytes_per_token;
+      // The KV of every sequence at its mean context over the timed steps.
+      const double bytes = weight_bytes + b * (context + (steps - 1) / 2.0) * kv_bytes_per_token;
       absl::StrAppend(&json, key, "_hbm_share\": ", bytes * steps / seconds / (peak_gbps * 1e9));
     }
   }

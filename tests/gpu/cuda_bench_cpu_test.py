@@ -79,7 +79,8 @@ if MODEL and os.path.exists(MODEL):
     positive(r, "prefill_64_tokens_per_s")
     positive(r, "decode_b2_tokens_per_s")
 
-for bad in (["--ridgefill_depths", "1.5"], ["--decode_batches", "x"]):
+# 0.9 of 6 layers is split 5, past the last split a map file allows (layers - 3).
+for bad in (["--ridgefill_depths", "1.5"], ["--ridgefill_depths", "0.9"], ["--decode_batches", "x"]):
     p = bench("--random_config", TINY, *bad)
     lines = [x for x in (p.stdout + p.stderr).splitlines() if x.strip()]
     expect(p.returncode == 2 and len(lines) == 1 and bad[0][2:] in lines[0],

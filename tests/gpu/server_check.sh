@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The server on one backend, as tests/gpu/run.sh checks it on a GPU (ctest server_check_cpu runs
 # it on the CPU): greedy answers to six prompts sent one at a time, then all six at once, must be
-# the same (batch invariance through the real server); /metrics must count the tokens served.
+# the same (batch invariance through the real server), the six at once must have run batched
+# (fewer engine steps than twice one request's), and /metrics must count exactly the tokens
+# served.
 #   tests/gpu/server_check.sh BIN_DIR BACKEND MODEL [OUT_DIR]
 # Prints one summary line; exit 0 when every check holds.
 set -uo pipefail
@@ -22,9 +24,21 @@ cli health >/dev/null 2>&1 || { echo "server $BACKEND: not healthy after 120 s";
 PROMPTS=("The capital of France is" "List three prime numbers:" "Once upon a time, in a small"
          "The GNU General Public License is" "def fibonacci(n):" "Water boils at")
 answer() { cli generate --temperature 0 --max_new_tokens 40 --ignore_eos --prompt "$1"; }
+# One value of /metrics, read over bash's /dev/tcp (no curl on every image).
+metric() {
+  timeout 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$METRICS &&
+    printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3 && cat <&3" |
+    awk -v name="$1" '$1 == name {print int($2)}'
+}
 for i in "${!PROMPTS[@]}"; do answer "${PROMPTS[$i]}" >"$OUT/solo_$i.txt" 2>"$OUT/solo_$i.err"; done
-for i in "${!PROMPTS[@]}"; do answer "${PROMPTS[$i]}" >"$OUT/batched_$i.txt" 2>"$OUT/batched_$i.err" & done
-wait $(jobs -p | grep -v "^$SERVER\$") 2>/dev/null
+steps_before=$(metric ridgeserve_engine_steps_total)
+clients=()
+for i in "${!PROMPTS[@]}"; do
+  answer "${PROMPTS[$i]}" >"$OUT/batched_$i.txt" 2>"$OUT/batched_$i.err" &
+  clients+=($!)
+done
+wait "${clients[@]}"
+steps=$(($(metric ridgeserve_engine_steps_total) - ${steps_before:-0}))
 same=0
 for i in "${!PROMPTS[@]}"; do
   if [ -s "$OUT/solo_$i.txt" ] && cmp -s "$OUT/solo_$i.txt" "$OUT/batched_$i.txt"; then
@@ -33,11 +47,8 @@ for i in "${!PROMPTS[@]}"; do
     echo "  prompt $i: solo '$(head -c 120 "$OUT/solo_$i.txt")' vs batched '$(head -c 120 "$OUT/batched_$i.txt")'"
   fi
 done
-# /metrics over bash's /dev/tcp (no curl on every image): tokens generated, 12 requests x 40.
-exec 3<>"/dev/tcp/127.0.0.1/$METRICS"
-printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-tokens=$(grep -E '^ridgeserve_generation_tokens_total ' <&3 | awk '{print int($2)}')
-exec 3<&-
+tokens=$(metric ridgeserve_generation_tokens_total)  # 12 requests x 40 (warm-up is not counted)
 want=$((2 * ${#PROMPTS[@]} * 40))
-echo "server $BACKEND: $same/${#PROMPTS[@]} batched answers equal the solo ones; /metrics counts ${tokens:-no} generated tokens (want at least $want)"
-[ "$same" -eq "${#PROMPTS[@]}" ] && [ "${tokens:-0}" -ge "$want" ]
+echo "server $BACKEND: $same/${#PROMPTS[@]} batched answers equal the solo ones, in $steps engine" \
+  "steps (one request alone takes 41); /metrics counts ${tokens:-no} generated tokens (want $want)"
+[ "$same" -eq "${#PROMPTS[@]}" ] && [ "$steps" -lt 82 ] && [ "${tokens:-0}" -eq "$want" ]

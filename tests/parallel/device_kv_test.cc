@@ -1,7 +1,8 @@
-// DeviceKvTokens: the KV cache a server on a GPU gets from the device's memory before the model
-// loads (--gpu_memory_utilization, --kv_cache_tokens), on the ~27B Qwen3-style config.json of
-// memory_plan_test.py. The expectations are written from the shape here (a bf16 token of KV is
-// 2 x 60 layers x 8 KV heads x 128 x 2 bytes), not from the planner's sums.
+// A server's memory on a GPU (--gpu_memory_utilization, --kv_cache_tokens), on the ~27B
+// Qwen3-style config.json of memory_plan_test.py: CheckDeviceFit before the model loads and
+// DeviceKvTokens after. The expectations are written from the shape here (a bf16 token of KV is
+// 2 x 60 layers x 8 KV heads x 128 x 2 bytes; the weights about 56 GB of bf16), not from the
+// planner's sums.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -13,6 +14,7 @@ namespace ridgeserve {
 namespace {
 
 constexpr double kKvBytesPerToken = 2.0 * 60 * 8 * 128 * 2;  // 245,760
+constexpr double kWeights = 56e9;
 constexpr size_t kH200 = size_t{141} * 1000 * 1000 * 1000;
 constexpr int64_t kBlock = 16;
 
@@ -23,67 +25,94 @@ ModelConfig Qwen27B() {
   return *config;
 }
 
-MemoryPlanRequest Request(double utilization) {
+MemoryPlanRequest Request(double utilization, int64_t min_kv_tokens = 0) {
   MemoryPlanRequest request;
   request.memory_utilization = utilization;
-  request.min_kv_tokens = 4096;
+  request.min_kv_tokens = min_kv_tokens;
   return request;
 }
 
-int64_t Tokens(size_t free_bytes, double utilization, int64_t max_tokens = 0) {
+// On an H200 after loading: `used` bytes in use (the weights among them).
+int64_t Tokens(double used, double utilization, double other_bytes = 0, int64_t max_tokens = 0) {
+  const DeviceMemory memory{kH200 - static_cast<size_t>(used), kH200};
   absl::StatusOr<int64_t> tokens =
-      DeviceKvTokens(Qwen27B(), Request(utilization), {free_bytes, kH200}, max_tokens);
+      DeviceKvTokens(Qwen27B(), Request(utilization), memory, other_bytes, max_tokens);
   EXPECT_TRUE(tokens.ok()) << tokens.status();
   return tokens.value_or(-1);
 }
 
-TEST(DeviceKvTokensTest, WholeBlocksOfWhatTheWeightsLeave) {
-  const int64_t tokens = Tokens(kH200, 0.9);
+TEST(DeviceMemoryTest, KvCacheIsWholeBlocksOfWhatTheLoadedWeightsLeave) {
+  const int64_t tokens = Tokens(kWeights, 0.9);
   EXPECT_EQ(tokens % kBlock, 0);
-  // 27B parameters of bf16 (~55 GB) leave a few tens of GB of the 126.9 GB usable.
-  EXPECT_GT(tokens * kKvBytesPerToken, 40e9);
-  EXPECT_LT(tokens * kKvBytesPerToken, 126.9e9 - 50e9);
+  // 126.9 GB usable less 56 GB of weights, under 2.5 GB of workspace and reserve.
+  EXPECT_GT(tokens * kKvBytesPerToken, 126.9e9 - kWeights - 2.5e9);
+  EXPECT_LT(tokens * kKvBytesPerToken, 126.9e9 - kWeights);
 }
 
-TEST(DeviceKvTokensTest, OtherProcessesMemoryComesOffTheCache) {
-  const double others = 10e9;
-  const int64_t all = Tokens(kH200, 0.9);
-  const int64_t shared = Tokens(kH200 - static_cast<size_t>(others), 0.9);
-  EXPECT_NEAR(static_cast<double>(all - shared), others / kKvBytesPerToken, kBlock);
+TEST(DeviceMemoryTest, MemoryInUseAndStillToAllocateComeOffTheCacheTokenForToken) {
+  const int64_t base = Tokens(kWeights, 0.9);
+  EXPECT_NEAR(static_cast<double>(base - Tokens(kWeights + 10e9, 0.9)), 10e9 / kKvBytesPerToken,
+              kBlock);
+  EXPECT_NEAR(static_cast<double>(base - Tokens(kWeights, 0.9, /*other_bytes=*/3e9)),
+              3e9 / kKvBytesPerToken, kBlock);
 }
 
-TEST(DeviceKvTokensTest, UtilizationScalesTheCache) {
-  const int64_t high = Tokens(kH200, 0.9), low = Tokens(kH200, 0.8);
-  EXPECT_NEAR(static_cast<double>(high - low), 0.1 * kH200 / kKvBytesPerToken, kBlock);
+TEST(DeviceMemoryTest, UtilizationScalesTheCache) {
+  EXPECT_NEAR(static_cast<double>(Tokens(kWeights, 0.9) - Tokens(kWeights, 0.8)),
+              0.1 * kH200 / kKvBytesPerToken, kBlock);
 }
 
-TEST(DeviceKvTokensTest, KvCacheTokensIsAnUpperBound) {
-  EXPECT_EQ(Tokens(kH200, 0.9, /*max_tokens=*/100000), 100000);
-  EXPECT_EQ(Tokens(kH200, 0.9, /*max_tokens=*/int64_t{1} << 40), Tokens(kH200, 0.9));
+TEST(DeviceMemoryTest, KvCacheTokensIsAnUpperBound) {
+  EXPECT_EQ(Tokens(kWeights, 0.9, 0, /*max_tokens=*/100000), 100000);
+  EXPECT_EQ(Tokens(kWeights, 0.9, 0, /*max_tokens=*/int64_t{1} << 40), Tokens(kWeights, 0.9));
 }
 
-TEST(DeviceKvTokensTest, AModelThatDoesNotFitNamesTheDevicesMemory) {
-  const size_t l40 = size_t{48} * 1000 * 1000 * 1000;
+TEST(DeviceMemoryTest, TooLittleRoomAfterLoadingNamesTheNumbers) {
+  // 110 GB in use leaves 16.9 GB of the 126.9: under one full context (40960 tokens, 10 GB)
+  // once 10 GB more is still to allocate.
   const absl::StatusOr<int64_t> tokens =
-      DeviceKvTokens(Qwen27B(), Request(0.9), {l40, l40}, /*max_tokens=*/0);
+      DeviceKvTokens(Qwen27B(), Request(0.9), {kH200 - size_t{110'000'000'000}, kH200}, 10e9, 0);
   ASSERT_EQ(tokens.status().code(), absl::StatusCode::kResourceExhausted);
   const std::string message(tokens.status().message());
+  EXPECT_NE(message.find("need 40960"), std::string::npos) << message;
+  EXPECT_NE(message.find("31.00 GB of 141.00 GB free"), std::string::npos) << message;
+}
+
+TEST(DeviceMemoryTest, AModelThatDoesNotFitIsRefusedBeforeLoading) {
+  const size_t l40 = size_t{48} * 1000 * 1000 * 1000;
+  const absl::Status fits = CheckDeviceFit(Qwen27B(), Request(0.9), {l40, l40});
+  ASSERT_EQ(fits.code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(fits.message());
   EXPECT_NE(message.find("does not fit"), std::string::npos) << message;
   EXPECT_NE(message.find("48.00 GB of 48.00 GB free"), std::string::npos) << message;
+  EXPECT_TRUE(CheckDeviceFit(Qwen27B(), Request(0.9), {kH200, kH200}).ok());
 }
 
-TEST(DeviceKvTokensTest, NothingLeftWhenOthersHoldMoreThanTheShare) {
+TEST(DeviceMemoryTest, ASmallerKvCacheTokensLetsAModelFitWithoutAFullContext) {
+  // 72 GB at 0.9: 64.8 GB holds the weights, workspace, reserve and 8192 tokens of KV (2 GB),
+  // not a full context of 40960 (10 GB).
+  const size_t device = size_t{72} * 1000 * 1000 * 1000;
+  EXPECT_EQ(CheckDeviceFit(Qwen27B(), Request(0.9), {device, device}).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(
+      CheckDeviceFit(Qwen27B(), Request(0.9, /*min_kv_tokens=*/8192), {device, device}).ok());
+}
+
+TEST(DeviceMemoryTest, NothingLeftWhenOthersHoldMoreThanTheShare) {
   // Others hold 85% of the device; at utilization 0.8 this server may use nothing.
-  const absl::StatusOr<int64_t> tokens =
-      DeviceKvTokens(Qwen27B(), Request(0.8), {kH200 * 15 / 100, kH200}, 0);
-  ASSERT_EQ(tokens.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(std::string(tokens.status().message()).find("nothing"), std::string::npos)
-      << tokens.status();
+  const DeviceMemory memory{kH200 * 15 / 100, kH200};
+  EXPECT_EQ(CheckDeviceFit(Qwen27B(), Request(0.8), memory).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(DeviceKvTokens(Qwen27B(), Request(0.8), memory, 0, 0).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
-TEST(DeviceKvTokensTest, UtilizationOutsideZeroToOneIsRefused) {
+TEST(DeviceMemoryTest, UtilizationOutsideZeroToOneIsRefused) {
   for (double u : {0.0, -0.5, 1.5}) {
-    EXPECT_EQ(DeviceKvTokens(Qwen27B(), Request(u), {kH200, kH200}, 0).status().code(),
+    EXPECT_EQ(CheckDeviceFit(Qwen27B(), Request(u), {kH200, kH200}).code(),
+              absl::StatusCode::kInvalidArgument)
+        << u;
+    EXPECT_EQ(DeviceKvTokens(Qwen27B(), Request(u), {kH200, kH200}, 0, 0).status().code(),
               absl::StatusCode::kInvalidArgument)
         << u;
   }
