@@ -12,8 +12,8 @@
 
 namespace ridgeserve {
 
-absl::StatusOr<double> TimeBatchedDecode(LlamaModel& model, int32_t streams,
-                                         int32_t prompt_tokens, int32_t steps, uint32_t seed) {
+absl::StatusOr<double> TimeBatchedDecode(LlamaModel& model, int32_t streams, int32_t prompt_tokens,
+                                         int32_t steps, uint32_t seed) {
   constexpr int32_t kBlock = 16;
   const ModelConfig& c = model.config();
   if (streams < 1 || prompt_tokens < 1 || steps < 1 || prompt_tokens + steps > c.context_length) {
@@ -49,8 +49,8 @@ absl::StatusOr<double> TimeBatchedDecode(LlamaModel& model, int32_t streams,
     }
     RS_RETURN_IF_ERROR(model.Forward(batch, cache, logits));
     for (int32_t s = 0; s < streams; ++s) {
-      last[s] = Argmax(std::span<const float>(logits).subspan(
-          static_cast<size_t>(s) * c.vocab_size, c.vocab_size));
+      last[s] = Argmax(std::span<const float>(logits).subspan(static_cast<size_t>(s) * c.vocab_size,
+                                                              c.vocab_size));
     }
   }
   return SecondsSince(start);

@@ -14,8 +14,8 @@ namespace ridgeserve {
 // Each of `streams` sequences prefills `prompt_tokens` random tokens (ids from 256 on, from
 // `seed`) in its own untimed forward pass; then `steps` steps of all of them together are
 // timed, each row's next token the argmax of its logits. Returns those steps' seconds.
-absl::StatusOr<double> TimeBatchedDecode(LlamaModel& model, int32_t streams,
-                                         int32_t prompt_tokens, int32_t steps, uint32_t seed);
+absl::StatusOr<double> TimeBatchedDecode(LlamaModel& model, int32_t streams, int32_t prompt_tokens,
+                                         int32_t steps, uint32_t seed);
 
 }  // namespace ridgeserve
 

@@ -121,8 +121,8 @@ class RandomSource final : public TensorSource {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Model>> RandomModel(const std::string& config_path,
-                                                   Backend& backend, uint64_t seed) {
+absl::StatusOr<std::unique_ptr<Model>> RandomModel(const std::string& config_path, Backend& backend,
+                                                   uint64_t seed) {
   auto model = std::make_unique<Model>();
   model->path = absl::StrCat("random:", config_path);
   RS_ASSIGN_OR_RETURN(model->config, ReadModelConfig(config_path));

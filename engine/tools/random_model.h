@@ -17,8 +17,8 @@ namespace ridgeserve {
 // ReadModelConfig) on `backend` with bf16 weights drawn uniformly in ±sqrt(3 / in) (so each
 // projection keeps its input's scale) and norms of 1: every matrix of one shape shares one
 // buffer, so the host holds one layer's worth and the embedding. No tokenizer.
-absl::StatusOr<std::unique_ptr<Model>> RandomModel(const std::string& config_path,
-                                                   Backend& backend, uint64_t seed);
+absl::StatusOr<std::unique_ptr<Model>> RandomModel(const std::string& config_path, Backend& backend,
+                                                   uint64_t seed);
 
 }  // namespace ridgeserve
 
