@@ -78,6 +78,22 @@ absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int64_t meta_ints) {
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::EnsureLogitRows(int32_t rows) {
+  if (rows <= capacity_logit_rows_) return absl::OkStatus();
+  const size_t floats = size_t(rows) * shard_.vocab_stride;
+  RS_ASSIGN_OR_RETURN(logits_, backend_.Alloc(sizeof(float) * floats));
+  if (comm_ != nullptr) {
+    RS_ASSIGN_OR_RETURN(gathered_, backend_.Alloc(sizeof(float) * floats * shard_.size));
+  }
+  capacity_logit_rows_ = rows;
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::ReserveWorkspace(int32_t rows, int32_t logit_rows, int64_t meta_ints) {
+  RS_RETURN_IF_ERROR(EnsureWorkspace(rows, meta_ints));
+  return EnsureLogitRows(logit_rows);
+}
+
 absl::Status LlamaModel::UploadStepMeta(const ForwardBatch& batch) {
   const std::vector<int32_t>& rope =
       batch.rope_positions.empty() ? batch.positions : batch.rope_positions;
@@ -385,14 +401,7 @@ absl::Status LlamaModel::RunLmHead(const ForwardBatch& batch, std::vector<float>
   const int32_t m = static_cast<int32_t>(batch.logit_rows.size());
   logits.clear();
   if (m == 0) return absl::OkStatus();
-  if (m > capacity_logit_rows_) {
-    const size_t floats = size_t(m) * shard_.vocab_stride;
-    RS_ASSIGN_OR_RETURN(logits_, backend_.Alloc(sizeof(float) * floats));
-    if (comm_ != nullptr) {
-      RS_ASSIGN_OR_RETURN(gathered_, backend_.Alloc(sizeof(float) * floats * shard_.size));
-    }
-    capacity_logit_rows_ = m;
-  }
+  RS_RETURN_IF_ERROR(EnsureLogitRows(m));
   backend_.GatherRows(x_.as<float>(), c.hidden, meta_.logit_rows, m, head_in_.as<float>());
   backend_.RmsNorm(head_in_.as<float>(), weights_.output_norm.as<float>(), m, c.hidden, c.rms_eps,
                    head_in_.as<float>());

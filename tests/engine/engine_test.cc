@@ -251,6 +251,18 @@ TEST_F(EngineTest, AbortEndsRequestAndFreesBlocks) {
   WaitForFreeBlocks(**engine);
 }
 
+TEST_F(EngineTest, AStepBudgetWithoutRoomForItsScratchFailsTheStart) {
+  // The scratch of 2^28 rows of this model is terabytes: refused when the engine starts, naming
+  // the bytes, not when the first long prompt arrives.
+  EngineOptions options;
+  options.kv_cache_tokens = 1024;
+  options.scheduler.max_batch_tokens = 1 << 28;
+  auto engine = Engine::Create(*model_, options);
+  ASSERT_EQ(engine.status().code(), absl::StatusCode::kResourceExhausted) << engine.status();
+  EXPECT_NE(engine.status().message().find("cannot allocate"), std::string::npos)
+      << engine.status();
+}
+
 TEST_F(EngineTest, RejectsWhatCannotRun) {
   EngineOptions options;
   options.scheduler.max_queued_requests = 1;
