@@ -9,15 +9,19 @@
 set -uo pipefail
 BIN=$1 BACKEND=$2 MODEL=$3 OUT=${4:-$(mktemp -d)}
 mkdir -p "$OUT"
-PORT=$((20000 + RANDOM % 20000)) METRICS=$((40000 + RANDOM % 20000))
-"$BIN/ridgeserve" --backend "$BACKEND" --model "$MODEL" --host 127.0.0.1 --port "$PORT" \
-  --metrics_port "$METRICS" --max_running_requests 8 >"$OUT/server_$BACKEND.log" 2>&1 &
+LOG="$OUT/server_$BACKEND.log"
+# Ports the system picks (0), read back from the server's log: no clash with other servers.
+"$BIN/ridgeserve" --backend "$BACKEND" --model "$MODEL" --host 127.0.0.1 --port 0 \
+  --metrics_port 0 --max_running_requests 8 >"$LOG" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+PORT="" METRICS=""
 cli() { "$BIN/ridgeserve-cli" --target "127.0.0.1:$PORT" "$@"; }
 for _ in $(seq 120); do
-  cli health >/dev/null 2>&1 && break
-  kill -0 $SERVER 2>/dev/null || { echo "server $BACKEND: did not start: $(tail -1 "$OUT/server_$BACKEND.log")"; exit 1; }
+  PORT=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9]*\).*/\1/p' "$LOG" | head -1)
+  METRICS=$(sed -n 's|.*metrics on http://127\.0\.0\.1:\([0-9]*\)/metrics.*|\1|p' "$LOG" | head -1)
+  [ -n "$PORT" ] && cli health >/dev/null 2>&1 && break
+  kill -0 $SERVER 2>/dev/null || { echo "server $BACKEND: did not start: $(tail -1 "$LOG")"; exit 1; }
   sleep 1
 done
 cli health >/dev/null 2>&1 || { echo "server $BACKEND: not healthy after 120 s"; exit 1; }
