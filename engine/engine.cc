@@ -899,14 +899,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
                                           block_size, num_blocks, rank->kv_cache_dtype()}));
     caches.push_back(std::make_unique<PagedKvCache>(std::move(cache)));
   }
-  // A step's scratch for the step budget, now: a step within it allocates nothing.
-  const int32_t max_rows = options.scheduler.max_batch_tokens;
+  // A step's scratch for the step budget, now: a step within it allocates no workspace.
   const int32_t max_seqs = options.scheduler.max_running_requests;
   const int64_t blocks_per_seq = (int64_t{c.context_length} + block_size - 1) / block_size;
-  const int64_t meta_ints = 6 * int64_t{max_rows} + max_seqs + 1 +
-                            std::min<int64_t>(num_blocks, max_seqs * blocks_per_seq);
   for (LlamaModel* rank : model.rank_models()) {
-    RS_RETURN_IF_ERROR(rank->ReserveWorkspace(max_rows, max_seqs, meta_ints));
+    RS_RETURN_IF_ERROR(
+        rank->ReserveWorkspace(options.scheduler.max_batch_tokens, max_seqs,
+                               std::min<int64_t>(num_blocks, max_seqs * blocks_per_seq)));
   }
   std::unique_ptr<PagedKvCache> draft_cache;
   if (const DraftModel* draft = options.draft; draft != nullptr) {

@@ -139,8 +139,8 @@ ABSL_FLAG(int32_t, kv_cache_tokens, 0,
           "KV cache capacity in tokens (0: 65536 on the CPU, on a GPU what "
           "--gpu_memory_utilization leaves; there, a value > 0 is an upper bound)");
 ABSL_FLAG(double, gpu_memory_utilization, 0.90,
-          "share of each GPU's memory the server may use (weights, workspace, KV cache), less "
-          "what other processes hold when it starts");
+          "share of each GPU's memory the server may use (weights, workspace, RidgeFill maps, KV "
+          "cache), less what other processes hold");
 ABSL_FLAG(bool, enable_prefix_caching, true,
           "reuse the KV blocks of prompt prefixes computed before (per prefill mode)");
 ABSL_FLAG(int32_t, default_exact_tail_tokens, 1024,

@@ -89,9 +89,12 @@ absl::Status LlamaModel::EnsureLogitRows(int32_t rows) {
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::ReserveWorkspace(int32_t rows, int32_t logit_rows, int64_t meta_ints) {
+absl::Status LlamaModel::ReserveWorkspace(int32_t rows, int32_t seqs, int64_t block_table_ints) {
+  // UploadStepMeta's parts: five of a row each (token, position, sequence, slot, RoPE position)
+  // and the logit rows, the block-table offsets and the block tables.
+  const int64_t meta_ints = 5 * int64_t{rows} + seqs + (seqs + 1) + block_table_ints;
   RS_RETURN_IF_ERROR(EnsureWorkspace(rows, meta_ints));
-  return EnsureLogitRows(logit_rows);
+  return EnsureLogitRows(seqs);
 }
 
 absl::Status LlamaModel::UploadStepMeta(const ForwardBatch& batch) {

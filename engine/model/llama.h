@@ -161,12 +161,13 @@ class LlamaModel {
   Backend& backend() { return backend_; }
   // The weights on the backend (read-only; offline tools read norms and projections).
   const ModelWeights& weights() const { return weights_; }
-  // Allocates a step's scratch for up to `rows` rows, `logit_rows` logit rows and `meta_ints`
-  // int32 of step metadata now (the engine does at start, for its step budget), so a step within
-  // them allocates nothing and finds its buffers where the step before left them (CUDA graphs
-  // need that), and a device without room for them fails the start, not a request. A larger
-  // step still grows them. ResourceExhausted naming the bytes when the backend cannot.
-  absl::Status ReserveWorkspace(int32_t rows, int32_t logit_rows, int64_t meta_ints);
+  // Allocates a step's scratch now for up to `rows` rows of `seqs` sequences (one logit row
+  // each) whose block tables hold `block_table_ints` entries in all (the engine does at start,
+  // for its step budget), so a step within them allocates no workspace and finds its buffers where
+  // the step before left them (CUDA graphs need that), and a device without room for them fails
+  // the start, not a request. A larger step still grows them. ResourceExhausted naming the bytes
+  // when the backend cannot.
+  absl::Status ReserveWorkspace(int32_t rows, int32_t seqs, int64_t block_table_ints);
 
   // The element type of the KV caches made for this model (Engine, SequenceRunner): F32, F16
   // or BF16 (--kv_cache_dtype). Forward takes whatever cache it is given.

@@ -31,8 +31,14 @@ class TensorSource {
   // The file or directory the tensors come from, for error messages.
   virtual const std::string& path() const = 0;
   virtual const std::vector<TensorInfo>& tensors() const = 0;
-  // nullptr when absent.
-  virtual const TensorInfo* FindTensor(std::string_view name) const = 0;
+  // nullptr when absent. This one searches tensors() in order; file formats override it with
+  // their index.
+  virtual const TensorInfo* FindTensor(std::string_view name) const {
+    for (const TensorInfo& t : tensors()) {
+      if (t.name == name) return &t;
+    }
+    return nullptr;
+  }
   // Dequantizes/converts the whole tensor to f32, row-major in `shape`.
   virtual absl::StatusOr<std::vector<float>> ReadF32(const TensorInfo& tensor) const = 0;
 };

@@ -15,16 +15,9 @@ constexpr int32_t kBlockTokens = 16;
 
 std::string Gb(double bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
 
-}  // namespace
-
-absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& c, const MemoryPlanRequest& request) {
-  if (request.device_bytes <= 0) {
-    return absl::InvalidArgumentError("device memory must be given and > 0");
-  }
-  if (!(request.memory_utilization > 0 && request.memory_utilization <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("memory utilization ", request.memory_utilization, " outside (0, 1]"));
-  }
+// What a plan needs of the shape alone: the rank's shard, weight, workspace and reserve bytes,
+// KV bytes a token and the least KV cache (no device memory yet).
+absl::StatusOr<MemoryPlan> PlanShape(const ModelConfig& c, const MemoryPlanRequest& request) {
   MemoryPlan p;
   RS_ASSIGN_OR_RETURN(p.shard, PlanShard(c, 0, request.tensor_parallel));
   const ShardLayout& s = p.shard;
@@ -49,13 +42,49 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& c, const MemoryPlanRequ
                                        double(request.max_running_requests) * vocab *
                                            (1 + (request.tensor_parallel > 1 ? s.size : 0)));
   p.reserve_bytes = request.reserve_bytes;
-  p.usable_bytes = request.device_bytes * request.memory_utilization;
   p.kv_bytes_per_token = 2.0 * c.num_layers * kv * ElementBytes(request.kv_dtype);
   p.min_kv_tokens = request.min_kv_tokens > 0 ? request.min_kv_tokens : c.context_length;
-  const double left = p.usable_bytes - p.weight_bytes - p.workspace_bytes - p.reserve_bytes;
+  return p;
+}
+
+// Whole blocks of KV cache in `bytes`.
+int64_t KvTokensIn(double bytes, const MemoryPlan& p) {
+  return bytes <= 0
+             ? 0
+             : static_cast<int64_t>(bytes / p.kv_bytes_per_token) / kBlockTokens * kBlockTokens;
+}
+
+absl::Status CheckUtilization(const MemoryPlanRequest& request) {
+  if (request.memory_utilization > 0 && request.memory_utilization <= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("memory utilization ", request.memory_utilization, " outside (0, 1]"));
+}
+
+// What a device server may use: total × utilization less what is in use (`in_use` names it).
+absl::StatusOr<double> DeviceBudget(const MemoryPlanRequest& request, const DeviceMemory& memory,
+                                    const char* in_use, std::string& device) {
+  RS_RETURN_IF_ERROR(CheckUtilization(request));
+  const double total = static_cast<double>(memory.total_bytes);
+  const double used = total - static_cast<double>(memory.free_bytes);
+  const double budget = total * request.memory_utilization - used;
+  device = absl::StrCat("the device has ", Gb(memory.free_bytes), " of ", Gb(total), " free (",
+                        in_use, " ", Gb(used), "); at memory utilization ",
+                        request.memory_utilization, " this server may use ", Gb(budget));
+  if (budget <= 0) return absl::ResourceExhaustedError(device);
+  return budget;
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& c, const MemoryPlanRequest& request) {
+  if (request.device_bytes <= 0) {
+    return absl::InvalidArgumentError("device memory must be given and > 0");
+  }
+  RS_RETURN_IF_ERROR(CheckUtilization(request));
+  RS_ASSIGN_OR_RETURN(MemoryPlan p, PlanShape(c, request));
+  p.usable_bytes = request.device_bytes * request.memory_utilization;
   p.kv_tokens =
-      left <= 0 ? 0
-                : static_cast<int64_t>(left / p.kv_bytes_per_token) / kBlockTokens * kBlockTokens;
+      KvTokensIn(p.usable_bytes - p.weight_bytes - p.workspace_bytes - p.reserve_bytes, p);
   if (p.kv_tokens < p.min_kv_tokens) {
     const double need = p.weight_bytes + p.workspace_bytes + p.reserve_bytes +
                         p.min_kv_tokens * p.kv_bytes_per_token;
@@ -83,31 +112,6 @@ std::string MemoryPlan::Describe(const ModelConfig& c, const MemoryPlanRequest& 
       kv_tokens, double(kv_tokens) / min_kv_tokens, min_kv_tokens);
 }
 
-namespace {
-
-// What a device server may use: total × utilization less what is in use (`in_use` names it).
-absl::StatusOr<double> DeviceBudget(const MemoryPlanRequest& request, const DeviceMemory& memory,
-                                    const char* in_use, std::string& device) {
-  if (!(request.memory_utilization > 0 && request.memory_utilization <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("memory utilization ", request.memory_utilization, " outside (0, 1]"));
-  }
-  const double total = static_cast<double>(memory.total_bytes);
-  const double used = total - static_cast<double>(memory.free_bytes);
-  const double budget = total * request.memory_utilization - used;
-  device = absl::StrCat("the device has ", Gb(memory.free_bytes), " of ", Gb(total), " free (",
-                        in_use, " ", Gb(used), "); at memory utilization ",
-                        request.memory_utilization, " this server may use ", Gb(budget));
-  if (budget <= 0) return absl::ResourceExhaustedError(device);
-  return budget;
-}
-
-int64_t MinKvTokens(const ModelConfig& config, const MemoryPlanRequest& request) {
-  return request.min_kv_tokens > 0 ? request.min_kv_tokens : config.context_length;
-}
-
-}  // namespace
-
 absl::Status CheckDeviceFit(const ModelConfig& config, MemoryPlanRequest request,
                             const DeviceMemory& before_load) {
   std::string device;
@@ -127,21 +131,15 @@ absl::StatusOr<int64_t> DeviceKvTokens(const ModelConfig& config, MemoryPlanRequ
   std::string device;
   RS_ASSIGN_OR_RETURN(const double budget,
                       DeviceBudget(request, after_load, "in use, the weights among it", device));
-  // The workspace and KV bytes a token of this shape take (no device to fit them on here).
-  MemoryPlanRequest shape = request;
-  shape.device_bytes = 1e18;
-  shape.memory_utilization = 1;
-  RS_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(config, shape));
-  const double left = budget - plan.workspace_bytes - request.reserve_bytes - other_bytes;
-  const int64_t tokens = left <= 0 ? 0
-                                   : static_cast<int64_t>(left / plan.kv_bytes_per_token) /
-                                         kBlockTokens * kBlockTokens;
-  const int64_t least = MinKvTokens(config, request);
+  RS_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanShape(config, request));
+  const int64_t tokens =
+      KvTokensIn(budget - plan.workspace_bytes - plan.reserve_bytes - other_bytes, plan);
+  const int64_t least = plan.min_kv_tokens;
   if (tokens < least) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "room for ", tokens, " KV tokens, need ", least, " (", Gb(least * plan.kv_bytes_per_token),
         "): ", device, ", less workspace ", Gb(plan.workspace_bytes), ", reserve ",
-        Gb(request.reserve_bytes), " and ", Gb(other_bytes), " still to allocate"));
+        Gb(plan.reserve_bytes), " and ", Gb(other_bytes), " still to allocate"));
   }
   return max_tokens > 0 ? std::min(tokens, max_tokens) : tokens;
 }

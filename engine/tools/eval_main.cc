@@ -67,7 +67,7 @@
 #include "engine/parallel/rank_group.h"
 #include "engine/ridgefill/ridgefill_load.h"
 #include "engine/sampling/sampler.h"
-#include "engine/tools/batched_decode.h"
+#include "engine/tools/bench_util.h"
 #include "engine/tools/eval_pareto.h"
 #include "engine/tools/eval_plot.h"
 #include "engine/tools/eval_ridgefill.h"
@@ -267,34 +267,22 @@ class Eval {
     RS_ASSIGN_OR_RETURN(std::vector<int32_t> lengths,
                         ParseIntList("lengths", absl::GetFlag(FLAGS_lengths)));
     const ModelConfig& c = model_->config;
-    // Content does not change the cost; a fixed pseudo-random prompt keeps runs comparable.
-    std::mt19937 rng(1234);
-    std::uniform_int_distribution<int32_t> pick(256, c.vocab_size - 1);
     Json results = Json::array();
     for (int32_t length : lengths) {
       if (length <= 0 || length > c.context_length) {
         return absl::InvalidArgumentError(
             absl::StrCat("--lengths: ", length, " is outside 1..", c.context_length));
       }
-      std::vector<int32_t> tokens(length);
-      for (int32_t& t : tokens) t = pick(rng);
+      const std::vector<int32_t> tokens = RandomTokenIds(length, c.vocab_size, 1234);
       SequenceRunner runner(*model_, length);
       std::vector<float> logits;
       const auto start = Clock::now();
       RS_RETURN_IF_ERROR(runner.Append(tokens, absl::GetFlag(FLAGS_chunk), false, logits));
       const double seconds = SecondsSince(start);
-      // Multiply-adds x 2: the dense layers per token plus causal attention (QKᵀ and PV).
-      const double n = length;
-      const double dense = 2.0 * n * c.num_layers *
-                           (1.0 * c.hidden * (c.q_dim() + 2 * c.kv_dim()) +
-                            1.0 * c.q_dim() * c.hidden + 3.0 * c.hidden * c.ffn);
-      const double attention =
-          2.0 * 2.0 * c.num_layers * c.num_heads * c.head_dim * (n * (n + 1) / 2);
-      const double head = 2.0 * c.hidden * c.vocab_size;
       results.push_back({{"prompt_tokens", length},
                          {"seconds", seconds},
                          {"tokens_per_second", length / seconds},
-                         {"gflop_per_second", (dense + attention + head) / seconds / 1e9}});
+                         {"gflop_per_second", PrefillFlops(c, length) / seconds / 1e9}});
       spdlog::info("bench-prefill: {} tokens in {:.3f} s", length, seconds);
     }
     return Json{{"results", results}, {"chunk", absl::GetFlag(FLAGS_chunk)}};

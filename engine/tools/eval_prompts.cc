@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/ridgefill/ridgefill_plan.h"
+#include "engine/tools/bench_util.h"
 
 namespace ridgeserve {
 
@@ -21,14 +22,9 @@ absl::StatusOr<std::vector<int32_t>> TtftPrompt(const ModelConfig& c, int32_t le
     return absl::InvalidArgumentError(
         absl::StrCat("--lengths: ", length, " is outside 1..", c.context_length));
   }
+  if (source.empty()) return RandomTokenIds(length, c.vocab_size, 1234);
   std::vector<int32_t> tokens(length);
-  if (source.empty()) {
-    std::mt19937 rng(1234);
-    std::uniform_int_distribution<int32_t> pick(256, c.vocab_size - 1);
-    for (int32_t& t : tokens) t = pick(rng);
-  } else {
-    for (int32_t i = 0; i < length; ++i) tokens[i] = source[i % source.size()];
-  }
+  for (int32_t i = 0; i < length; ++i) tokens[i] = source[i % source.size()];
   return tokens;
 }
 

@@ -1,9 +1,7 @@
 #include "engine/tools/random_model.h"
 
 #include <cmath>
-#include <cstring>
 #include <map>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -52,22 +50,9 @@ class RandomSource final : public TensorSource {
 
   const std::string& path() const override { return path_; }
   const std::vector<TensorInfo>& tensors() const override { return tensors_; }
-  const TensorInfo* FindTensor(std::string_view name) const override {
-    for (const TensorInfo& t : tensors_) {
-      if (t.name == name) return &t;
-    }
-    return nullptr;
-  }
   absl::StatusOr<std::vector<float>> ReadF32(const TensorInfo& t) const override {
     std::vector<float> out(static_cast<size_t>(t.num_elements));
-    if (t.type == DType::kF32) {
-      std::memcpy(out.data(), t.data, t.num_bytes);
-    } else {
-      for (int64_t r = 0; r < t.shape[0]; ++r) {
-        const size_t row = static_cast<size_t>(r * t.shape[1]);
-        RS_RETURN_IF_ERROR(DequantizeRow(t.type, t.data + row * 2, t.shape[1], out.data() + row));
-      }
-    }
+    RS_RETURN_IF_ERROR(DequantizeRow(t.type, t.data, t.num_elements, out.data()));
     return out;
   }
 
@@ -93,11 +78,15 @@ class RandomSource final : public TensorSource {
     }
     Add(std::move(name), DType::kBF16, {rows, cols}, data);
   }
+  // One shared buffer per (length, value).
   void Vector(std::string name, int64_t n, float value = 1.0f) {
-    vectors_.emplace_back(static_cast<size_t>(n) * sizeof(float));
-    const std::vector<float> values(static_cast<size_t>(n), value);
-    std::memcpy(vectors_.back().data(), values.data(), vectors_.back().size());
-    Add(std::move(name), DType::kF32, {n}, vectors_.back());
+    std::vector<uint8_t>& data = vectors_[{n, value}];
+    if (data.empty()) {
+      const std::vector<float> values(static_cast<size_t>(n), value);
+      data.resize(values.size() * sizeof(float));
+      ConvertFromFloat(values.data(), n, DType::kF32, data.data());
+    }
+    Add(std::move(name), DType::kF32, {n}, data);
   }
   void Add(std::string name, DType type, std::vector<int64_t> shape,
            const std::vector<uint8_t>& data) {
@@ -114,8 +103,9 @@ class RandomSource final : public TensorSource {
 
   const std::string path_;
   const uint64_t seed_;
-  std::map<std::pair<int64_t, int64_t>, std::vector<uint8_t>> matrices_;  // nodes never move
-  std::vector<std::vector<uint8_t>> vectors_;  // a move keeps each buffer where it is
+  // Map nodes never move, so the tensors' data pointers stay valid.
+  std::map<std::pair<int64_t, int64_t>, std::vector<uint8_t>> matrices_;
+  std::map<std::pair<int64_t, float>, std::vector<uint8_t>> vectors_;
   std::vector<TensorInfo> tensors_;
 };
 

@@ -34,7 +34,7 @@
 #include "engine/model/model.h"
 #include "engine/ridgefill/map_file.h"
 #include "engine/ridgefill/ridgefill_maps.h"
-#include "engine/tools/batched_decode.h"
+#include "engine/tools/bench_util.h"
 #include "engine/tools/random_model.h"
 #include "engine/tools/sequence_runner.h"
 #include "engine/tools/tool_util.h"
@@ -61,14 +61,6 @@ ABSL_FLAG(int32_t, threads, 0, "cpu backend threads (0: all)");
 namespace ridgeserve {
 namespace {
 
-std::vector<int32_t> RandomTokens(int32_t n, int32_t vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> pick(256, vocab - 1);
-  std::vector<int32_t> t(n);
-  for (int32_t& x : t) x = pick(rng);
-  return t;
-}
-
 absl::StatusOr<std::vector<double>> ParseDoubles(const std::string& flag, const std::string& s) {
   std::vector<double> out;
   if (s.empty()) return out;
@@ -81,16 +73,6 @@ absl::StatusOr<std::vector<double>> ParseDoubles(const std::string& flag, const 
     out.push_back(v);
   }
   return out;
-}
-
-// Model FLOPs of a prefill of n rows: the layers' projections, causal attention (QKᵀ and PV
-// over the n(n+1)/2 pairs) and the last row's LM head.
-double PrefillFlops(const ModelConfig& c, double n) {
-  const double h = c.hidden, q = double(c.num_heads) * c.head_dim,
-               kv = double(c.num_kv_heads) * c.head_dim, ff = c.ffn;
-  const double dense = 2 * n * c.num_layers * (h * (q + 2 * kv) + h * q + 3 * h * ff);
-  const double attention = 4 * c.num_layers * q * n * (n + 1) / 2;
-  return dense + attention + 2 * h * c.vocab_size;
 }
 
 // Seconds of the best of `repeats` prefills of `tokens` after one warm-up (with `fill`: RidgeFill).
@@ -180,7 +162,7 @@ absl::Status Run(std::string& json) {
   }
   for (int32_t n : lengths) {
     if (n < 1) return absl::InvalidArgumentError("--prefill_tokens: want lengths >= 1");
-    const std::vector<int32_t> tokens = RandomTokens(n, c.vocab_size, 1);
+    const std::vector<int32_t> tokens = RandomTokenIds(n, c.vocab_size, 1);
     RS_ASSIGN_OR_RETURN(const double seconds, TimePrefill(llama, tokens, chunk, repeats, nullptr));
     const std::string key = absl::StrCat(", \"prefill_", n);
     absl::StrAppend(&json, key, "_tokens_per_s\": ", n / seconds, key, "_seconds\": ", seconds);

@@ -37,12 +37,6 @@ class TableSource : public TensorSource {
 
   const std::string& path() const override { return path_; }
   const std::vector<TensorInfo>& tensors() const override { return tensors_; }
-  const TensorInfo* FindTensor(std::string_view name) const override {
-    for (const TensorInfo& t : tensors_) {
-      if (t.name == name) return &t;
-    }
-    return nullptr;
-  }
   absl::StatusOr<std::vector<float>> ReadF32(const TensorInfo&) const override {
     return absl::UnimplementedError("not needed");
   }

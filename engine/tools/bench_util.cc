@@ -1,4 +1,4 @@
-#include "engine/tools/batched_decode.h"
+#include "engine/tools/bench_util.h"
 
 #include <random>
 #include <span>
@@ -11,6 +11,21 @@
 #include "engine/tools/tool_util.h"
 
 namespace ridgeserve {
+
+std::vector<int32_t> RandomTokenIds(int32_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> pick(256, vocab - 1);
+  std::vector<int32_t> ids(n);
+  for (int32_t& id : ids) id = pick(rng);
+  return ids;
+}
+
+double PrefillFlops(const ModelConfig& c, double n) {
+  const double h = c.hidden, q = c.q_dim(), kv = c.kv_dim(), ff = c.ffn;
+  const double dense = 2 * n * c.num_layers * (h * (q + 2 * kv) + h * q + 3 * h * ff);
+  const double attention = 4 * c.num_layers * q * n * (n + 1) / 2;
+  return dense + attention + 2 * h * c.vocab_size;
+}
 
 absl::StatusOr<double> TimeBatchedDecode(LlamaModel& model, int32_t streams, int32_t prompt_tokens,
                                          int32_t steps, uint32_t seed) {
@@ -26,15 +41,13 @@ absl::StatusOr<double> TimeBatchedDecode(LlamaModel& model, int32_t streams, int
       PagedKvCache::Create(model.backend(),
                            KvCacheShape{c.num_layers, model.shard().num_kv_heads, c.head_dim,
                                         kBlock, streams * per_seq, model.kv_cache_dtype()}));
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> pick(256, c.vocab_size - 1);
   std::vector<BlockTable> tables(streams);
   std::vector<int32_t> last(streams);
   std::vector<float> logits;
   for (int32_t s = 0; s < streams; ++s) {
     RS_RETURN_IF_ERROR(tables[s].Reserve(cache.pool(), prompt_tokens + steps, kBlock));
-    std::vector<int32_t> prompt(prompt_tokens);
-    for (int32_t& t : prompt) t = pick(rng);
+    const std::vector<int32_t> prompt =
+        RandomTokenIds(prompt_tokens, c.vocab_size, seed + static_cast<uint32_t>(s));
     ForwardBatch batch;
     batch.AddSequence(tables[s], kBlock, prompt, 0, true);
     RS_RETURN_IF_ERROR(model.Forward(batch, cache, logits));
