@@ -198,7 +198,6 @@ struct Engine::Impl {
 
   // Engine thread only.
   std::unordered_map<uint64_t, Live> live;
-  std::vector<float> logits;
   std::vector<float> draft_logits;
   int64_t steps = 0;
   double step_seconds = 0.0;
@@ -458,9 +457,8 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   const bool capturing = !captured.empty() || !calibration.empty();
   const Clock::time_point forward_start = Clock::now();
   absl::Status status =
-      executor != nullptr
-          ? executor->Forward(batch, logits, wanted)
-          : model.llama->Forward(batch, *cache, logits, capturing ? &capture : nullptr, wanted);
+      executor != nullptr ? executor->Run(batch, wanted)
+                          : model.llama->Run(batch, *cache, capturing ? &capture : nullptr, wanted);
   forward_seconds += Seconds(forward_start, Clock::now());
   step_rows += batch.num_rows();
   if (status.ok() && !calibration.empty()) {
@@ -510,83 +508,96 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   std::vector<double> nll(plan.chunks.size(), 0.0);
   std::vector<std::vector<float>> first_logprobs(plan.chunks.size());
   const int32_t vocab = model.config.vocab_size;
-  // The rows to sample, found in chunk order; they are then sampled on options.sampling_threads
-  // threads (at a temperature, the draw over the vocabulary is most of a decode row's host
-  // time). Each row has its own request's sampler and logits, so a token does not depend on
-  // which thread drew it or on the other rows.
+  // The rows to sample, found in chunk order. Most are drawn on the backend (Backend::Sample:
+  // only tokens come back); rows that need their whole distribution on the host (a scoring
+  // capture, or a forced token's log-probability) are copied here and drawn by the same
+  // definition. Each row has its own request's sampler, so a token does not depend on where
+  // it was drawn or on the other rows.
   struct Draw {
     size_t chunk;
     Live* live;
-    std::span<float> logits;
+    int32_t logit_row;
     std::vector<int32_t> context;  // SpecKV: prompt + emitted tokens (its tokens are not)
     bool kv_first = false;         // SpecKV's first token, sampled once during its prefill
-    SampleResult result;
+    SampledToken result;
   };
   std::vector<Draw> draws;
   draws.reserve(plan.chunks.size());
   std::vector<size_t> emits_kv_first;  // chunks whose sampled token is SpecKV's first token
-  size_t logit_row = 0;
+  int32_t logit_row = 0;
   for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
     const ScheduledChunk& chunk = plan.chunks[i];
     Live& l = live.at(chunk.request->id);
-    const std::span<float> row_logits = std::span<float>(logits).subspan(logit_row * vocab, vocab);
     if (l.kv_prefilling()) {
       // The first token, sampled once (a recompute after preemption reuses it), emitted when
       // the prefill of prompt + lookahead completes; a replay emits nothing new here.
       const int32_t last = l.prompt_tokens - 1;
       if (chunk.start <= last && last < chunk.start + chunk.count) {
+        if (l.kv_first_token < 0) draws.push_back({i, &l, logit_row, {}, true, {}});
         ++logit_row;
-        if (l.kv_first_token < 0) draws.push_back({i, &l, row_logits, {}, true, {}});
       }
       if (chunk.sample && l.generated.empty()) emits_kv_first.push_back(i);
       continue;
     }
     if (!chunk.sample) continue;
-    ++logit_row;
     std::vector<int32_t> context;
     if (l.spec_kv.budget > 0) {
       context = l.prompt_ids;
       context.insert(context.end(), l.generated.begin(), l.generated.end());
     }
-    draws.push_back({i, &l, row_logits, std::move(context), false, {}});
+    draws.push_back({i, &l, logit_row++, std::move(context), false, {}});
   }
-  const auto draw = [&](Draw& d) {
-    Live& l = *d.live;
-    const std::vector<int32_t>& context = d.kv_first ? l.prompt_ids
-                                          : l.spec_kv.budget > 0
-                                              ? d.context
-                                              : plan.chunks[d.chunk].request->tokens;
-    if (d.kv_first || l.forced.empty()) {
-      d.result = l.sampler.Sample(d.logits, context);
-    } else {
-      d.result.token = l.forced[l.completion_tokens];
-      if (l.sampler.params().logprobs) d.result.logprob = LogSoftmaxAt(d.logits, d.result.token);
-    }
-    if (!d.kv_first && l.capture) {
-      nll[d.chunk] = -LogSoftmaxAt(d.logits, d.result.token);
-      if (!l.first_token) first_logprobs[d.chunk] = LogSoftmax(d.logits);
-    }
+  const auto context_of = [&](const Draw& d) -> const std::vector<int32_t>& {
+    return d.kv_first                   ? d.live->prompt_ids
+           : d.live->spec_kv.budget > 0 ? d.context
+                                        : plan.chunks[d.chunk].request->tokens;
   };
-  // Rows that draw at a temperature or compute log-probabilities run exp over the vocabulary:
-  // those are sampled on the threads. Greedy rows (one argmax pass each) run here: on the
-  // threads they made a batch-64 step 0.4-0.6 ms slower.
-  std::vector<Draw*> costly;
+  std::vector<SampleSpec> specs;
+  std::vector<Draw*> on_backend;
+  std::vector<int32_t> penalty_ids;
+  std::vector<Draw*> on_host;
+  std::vector<int32_t> host_rows;
   for (Draw& d : draws) {
     const Live& l = *d.live;
-    const SamplingParams& p = l.sampler.params();
-    const bool sampled_here = d.kv_first || l.forced.empty();
-    if ((sampled_here && p.temperature != 0.0f) || p.logprobs || (!d.kv_first && l.capture)) {
-      costly.push_back(&d);
-    } else {
-      draw(d);
+    if (!d.kv_first && (!l.forced.empty() || l.capture)) {
+      on_host.push_back(&d);
+      host_rows.push_back(d.logit_row);
+      continue;
     }
+    SampleSpec spec = d.live->sampler.Next(d.logit_row);
+    if (spec.repetition_penalty != 1.0f) {
+      const std::vector<int32_t>& context = context_of(d);
+      spec.penalty_begin = static_cast<int32_t>(penalty_ids.size());
+      penalty_ids.insert(penalty_ids.end(), context.begin(), context.end());
+      spec.penalty_end = static_cast<int32_t>(penalty_ids.size());
+    }
+    specs.push_back(spec);
+    on_backend.push_back(&d);
   }
-  const int64_t num_costly = static_cast<int64_t>(costly.size());
-  if (num_costly > 1 && options.sampling_threads > 1) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(options.sampling_threads)
-    for (int64_t j = 0; j < num_costly; ++j) draw(*costly[j]);
-  } else {
-    for (Draw* d : costly) draw(*d);
+  LlamaModel& head = executor != nullptr ? executor->head() : *model.llama;
+  std::vector<SampledToken> results(specs.size());
+  std::vector<float> host_logits(host_rows.size() * static_cast<size_t>(vocab));
+  if (status.ok()) {
+    const Clock::time_point sample_start = Clock::now();
+    status = head.SampleLogits(specs, penalty_ids, results.data());
+    if (status.ok()) status = head.CopyLogits(host_rows, host_logits.data());
+    forward_seconds += Seconds(sample_start, Clock::now());
+  }
+  for (size_t j = 0; status.ok() && j < on_backend.size(); ++j) on_backend[j]->result = results[j];
+  for (size_t j = 0; status.ok() && j < on_host.size(); ++j) {
+    Draw& d = *on_host[j];
+    Live& l = *d.live;
+    const std::span<float> row(host_logits.data() + j * vocab, vocab);
+    if (l.forced.empty()) {
+      d.result = l.sampler.Sample(row, context_of(d));
+    } else {
+      d.result.token = l.forced[l.completion_tokens];
+      if (l.sampler.params().logprobs) d.result.logprob = LogSoftmaxAt(row, d.result.token);
+    }
+    if (l.capture) {
+      nll[d.chunk] = -LogSoftmaxAt(row, d.result.token);
+      if (!l.first_token) first_logprobs[d.chunk] = LogSoftmax(row);
+    }
   }
   for (const Draw& d : draws) {
     if (d.kv_first) {

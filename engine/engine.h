@@ -27,10 +27,6 @@ namespace ridgeserve {
 struct EngineOptions {
   SchedulerConfig scheduler;
   int32_t kv_cache_tokens = 65536;  // KV cache capacity (rounded up to whole blocks)
-  // Threads that sample a step's rows drawn at a temperature or with log-probabilities, on
-  // the engine thread's OpenMP team (the CPU backend's threads are idle while the engine
-  // samples). Tokens do not depend on it.
-  int32_t sampling_threads = 1;
   // RidgeFill (maps per request, RidgeFillRequest::maps):
   int32_t ridgefill_sink_tokens = 4;        // first prompt rows that always run exactly
   int32_t ridgefill_min_prompt_tokens = 0;  // shorter prompts run exactly
@@ -174,9 +170,10 @@ struct EngineStats {
   int32_t kv_block_size = 0;
   int64_t num_preemptions = 0;
   int64_t num_prefix_hit_tokens = 0;
-  // Steps that ran the model, since the start; of their wall time, forward_seconds in the
-  // model's forward passes (target and draft), the rest on the engine thread around them
-  // (scheduling, building the batch, sampling, handing tokens to their requests).
+  // Steps that ran the model, since the start; of their wall time, forward_seconds on the
+  // backend (the model's forward passes, target and draft, and Backend::Sample), the rest on
+  // the engine thread around them (scheduling, building the batch, handing tokens to their
+  // requests).
   int64_t num_steps = 0;
   double step_seconds = 0.0;
   double forward_seconds = 0.0;

@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
+#include "kernels/sample_spec.h"
 
 namespace ridgeserve {
 
@@ -216,6 +217,30 @@ class Backend {
   // dst[i, :] = src[index[i], :], rows `dim` wide.
   virtual void GatherRows(const float* src, int32_t dim, const int32_t* index, int32_t n,
                           float* dst) = 0;
+  // out[i] = Σ_j (a[i, j] − shift[j]) · b[i, j] over j < dim, in double (each product of the
+  // float values widened to double); a and b [n, dim], shift [dim], out [n] doubles. CPU: in j
+  // order; a backend may add in another fixed order (its header says which).
+  virtual void ShiftedRowDots(const float* a, const float* shift, const float* b, int32_t n,
+                              int32_t dim, double* out) = 0;
+  // dst[i * dst_ld + j] = src[i * src_ld + j] for i < rows, j < cols.
+  virtual void CopyColumns(const float* src, int64_t src_ld, int32_t rows, int32_t cols, float* dst,
+                           int64_t dst_ld) = 0;
+  // One token for each spec from its row of `logits` ([rows, vocab]), by kernels/sample.h's
+  // definition; `penalty_ids` (host) holds the specs' penalty ranges. Specs draw from distinct
+  // rows. `out` (host) gets specs.size() results; this returns once they are there. A token
+  // depends only on its row, its spec and its penalty ids, not on the other specs. The logits
+  // hold their values again on return (the CPU penalizes in place and undoes it).
+  virtual void Sample(float* logits, int32_t vocab, std::span<const SampleSpec> specs,
+                      std::span<const int32_t> penalty_ids, SampledToken* out) = 0;
+  // Allocates Sample's own scratch now for up to `rows` specs over `vocab` ids (the engine
+  // does at start), so a call within them allocates nothing; ResourceExhausted naming the
+  // bytes when it cannot (CUDA: SampleScratchBytes in kernels/cuda/sample_plan.h, which the
+  // memory plan counts).
+  virtual absl::Status ReserveSampling(int32_t rows, int32_t vocab) {
+    (void)rows;
+    (void)vocab;
+    return absl::OkStatus();
+  }
 };
 
 // A --kv_cache_dtype value: "auto" (the backend's default) or one ParseKvCacheDType takes.

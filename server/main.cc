@@ -570,11 +570,6 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
         [c = online.get()](std::span<const std::vector<float>> states,
                            std::span<const int32_t> rows) { c->Take(states, rows); }};
   }
-  // The host samples with as many threads as the CPU backend runs (0: every processor).
-  const int32_t threads = absl::GetFlag(FLAGS_threads);
-  engine_options.sampling_threads =
-      threads > 0 ? threads
-                  : std::max(1, static_cast<int32_t>(std::thread::hardware_concurrency()));
   engine_options.ridgefill_sink_tokens = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
   engine_options.ridgefill_min_prompt_tokens = absl::GetFlag(FLAGS_ridgefill_min_prompt_tokens);
   engine_options.scheduler.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);

@@ -94,9 +94,10 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
                  MetricType::Counter, static_cast<double>(s.step_rows)),
         CounterBy<double>(
             "ridgeserve_engine_step_seconds_total",
-            "Wall time of engine steps: part forward in the model's forward passes (target "
-            "and draft), part host on the engine thread around them (scheduling, building "
-            "the batch, sampling, handing tokens to their requests).",
+            "Wall time of engine steps: part forward on the backend (the model's forward "
+            "passes, target and draft, and drawing the tokens), part host on the engine "
+            "thread around them (scheduling, building the batch, handing tokens to their "
+            "requests).",
             "part",
             {{"forward", s.forward_seconds},
              {"host", std::max(0.0, s.step_seconds - s.forward_seconds)}}),

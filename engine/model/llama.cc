@@ -84,6 +84,10 @@ absl::Status LlamaModel::EnsureLogitRows(int32_t rows) {
   RS_ASSIGN_OR_RETURN(logits_, backend_.Alloc(sizeof(float) * floats));
   if (comm_ != nullptr) {
     RS_ASSIGN_OR_RETURN(gathered_, backend_.Alloc(sizeof(float) * floats * shard_.size));
+    if (shard_.rank == 0) {
+      RS_ASSIGN_OR_RETURN(head_logits_,
+                          backend_.Alloc(sizeof(float) * size_t(rows) * config_.vocab_size));
+    }
   }
   capacity_logit_rows_ = rows;
   return absl::OkStatus();
@@ -94,7 +98,8 @@ absl::Status LlamaModel::ReserveWorkspace(int32_t rows, int32_t seqs, int64_t bl
   // and the logit rows, the block-table offsets and the block tables.
   const int64_t meta_ints = 5 * int64_t{rows} + seqs + (seqs + 1) + block_table_ints;
   RS_RETURN_IF_ERROR(EnsureWorkspace(rows, meta_ints));
-  return EnsureLogitRows(seqs);
+  RS_RETURN_IF_ERROR(EnsureLogitRows(seqs));
+  return shard_.rank == 0 ? backend_.ReserveSampling(seqs, config_.vocab_size) : absl::OkStatus();
 }
 
 absl::Status LlamaModel::UploadStepMeta(const ForwardBatch& batch) {
@@ -249,9 +254,60 @@ absl::Status LlamaModel::PlanRows(const ForwardBatch& input, int32_t num_layers,
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
+absl::Status LlamaModel::Forward(const ForwardBatch& batch, PagedKvCache& cache,
                                  std::vector<float>& logits, ForwardCapture* capture,
                                  ForwardProfile* profile) {
+  logits.clear();
+  RS_RETURN_IF_ERROR(Run(batch, cache, capture, profile));
+  if (shard_.rank == 0) CopyAllLogits(logits);
+  return absl::OkStatus();
+}
+
+void LlamaModel::CopyAllLogits(std::vector<float>& logits) {
+  logits.resize(static_cast<size_t>(last_logit_rows_) * config_.vocab_size);
+  backend_.CopyToHost(logits.data(), head_logits(), sizeof(float) * logits.size());
+}
+
+absl::Status LlamaModel::CopyLogits(std::span<const int32_t> rows, float* host) {
+  const int64_t vocab = config_.vocab_size;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] < 0 || rows[i] >= last_logit_rows_) {
+      return absl::OutOfRangeError(absl::StrCat("logit row ", rows[i], " of ", last_logit_rows_));
+    }
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    backend_.CopyToHost(host + i * vocab, head_logits() + rows[i] * vocab, sizeof(float) * vocab);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::SampleLogits(std::span<const SampleSpec> specs,
+                                      std::span<const int32_t> penalty_ids, SampledToken* out) {
+  std::vector<bool> drawn(last_logit_rows_, false);
+  for (const SampleSpec& spec : specs) {
+    if (spec.row < 0 || spec.row >= last_logit_rows_) {
+      return absl::OutOfRangeError(
+          absl::StrCat("sample: logit row ", spec.row, " of ", last_logit_rows_));
+    }
+    if (drawn[spec.row]) {
+      return absl::InvalidArgumentError(absl::StrCat("sample: two specs draw from row ", spec.row));
+    }
+    drawn[spec.row] = true;
+    if (spec.penalty_begin < 0 || spec.penalty_begin > spec.penalty_end ||
+        static_cast<size_t>(spec.penalty_end) > penalty_ids.size()) {
+      return absl::OutOfRangeError(absl::StrCat("sample: penalty ids [", spec.penalty_begin, ", ",
+                                                spec.penalty_end, ") of ", penalty_ids.size()));
+    }
+  }
+  if (!specs.empty()) {
+    backend_.Sample(head_logits(), config_.vocab_size, specs, penalty_ids, out);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
+                             ForwardCapture* capture, ForwardProfile* profile) {
+  last_logit_rows_ = 0;
   if (profile != nullptr) *profile = ForwardProfile{};
   const int32_t num_layers = input.num_layers == 0 ? config_.num_layers : input.num_layers;
   RS_RETURN_IF_ERROR(CheckBatch(input, num_layers, capture));
@@ -340,7 +396,7 @@ absl::Status LlamaModel::Forward(const ForwardBatch& input, PagedKvCache& cache,
     }
   }
   capture_at(num_layers);
-  return RunLmHead(batch, logits);
+  return RunLmHead(batch);
 }
 
 absl::Status LlamaModel::RunFullLayer(int32_t l, int32_t na, const KvLayerView& kv,
@@ -399,10 +455,9 @@ absl::Status LlamaModel::RunFullLayer(int32_t l, int32_t na, const KvLayerView& 
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::RunLmHead(const ForwardBatch& batch, std::vector<float>& logits) {
+absl::Status LlamaModel::RunLmHead(const ForwardBatch& batch) {
   const ModelConfig& c = config_;
   const int32_t m = static_cast<int32_t>(batch.logit_rows.size());
-  logits.clear();
   if (m == 0) return absl::OkStatus();
   RS_RETURN_IF_ERROR(EnsureLogitRows(m));
   backend_.GatherRows(x_.as<float>(), c.hidden, meta_.logit_rows, m, head_in_.as<float>());
@@ -410,31 +465,25 @@ absl::Status LlamaModel::RunLmHead(const ForwardBatch& batch, std::vector<float>
                    head_in_.as<float>());
   backend_.Linear(head_in_.as<float>(), m, weights_.lm_head_or_embedding(), nullptr,
                   logits_.as<float>());
-  return GatherLogits(m, logits);
+  RS_RETURN_IF_ERROR(GatherLogits(m));
+  last_logit_rows_ = m;
+  return absl::OkStatus();
 }
 
-absl::Status LlamaModel::GatherLogits(int32_t m, std::vector<float>& logits) {
-  const int32_t vocab = config_.vocab_size;
-  if (comm_ == nullptr) {
-    logits.resize(static_cast<size_t>(m) * vocab);
-    backend_.CopyToHost(logits.data(), logits_.as<void>(), sizeof(float) * logits.size());
-    return absl::OkStatus();
-  }
+absl::Status LlamaModel::GatherLogits(int32_t m) {
+  if (comm_ == nullptr) return absl::OkStatus();
   // Every rank sends [m, stride] floats (its [m, shard vocab] rows, padded on the last rank).
+  const int32_t vocab = config_.vocab_size;
   const int32_t stride = shard_.vocab_stride;
   const size_t per_rank = static_cast<size_t>(m) * stride;
   RS_RETURN_IF_ERROR(comm_->AllGather(logits_.as<float>(), per_rank, gathered_.as<float>()));
   if (shard_.rank != 0) return absl::OkStatus();
-  std::vector<float> host(per_rank * shard_.size);
-  backend_.CopyToHost(host.data(), gathered_.as<void>(), sizeof(float) * host.size());
-  logits.resize(static_cast<size_t>(m) * vocab);
   for (int32_t r = 0; r < shard_.size; ++r) {
     const int32_t begin = std::min(r * stride, vocab);
     const int32_t width = std::min(stride, vocab - begin);  // rank r's shard vocab
-    for (int32_t i = 0; i < m; ++i) {
-      const float* src = host.data() + r * per_rank + static_cast<size_t>(i) * width;
-      std::copy(src, src + width, logits.begin() + static_cast<size_t>(i) * vocab + begin);
-    }
+    if (width == 0) continue;
+    backend_.CopyColumns(gathered_.as<float>() + r * per_rank, width, m, width,
+                         head_logits_.as<float>() + begin, vocab);
   }
   return absl::OkStatus();
 }

@@ -161,12 +161,12 @@ class LlamaModel {
   Backend& backend() { return backend_; }
   // The weights on the backend (read-only; offline tools read norms and projections).
   const ModelWeights& weights() const { return weights_; }
-  // Allocates a step's scratch now for up to `rows` rows of `seqs` sequences (one logit row
-  // each) whose block tables hold `block_table_ints` entries in all (the engine does at start,
-  // for its step budget), so a step within them allocates no workspace and finds its buffers where
-  // the step before left them (CUDA graphs need that), and a device without room for them fails
-  // the start, not a request. A larger step still grows them. ResourceExhausted naming the bytes
-  // when the backend cannot.
+  // Allocates a step's scratch now (the backend's sampling scratch among it) for up to `rows`
+  // rows of `seqs` sequences (one logit row each) whose block tables hold `block_table_ints`
+  // entries in all (the engine does at start, for its step budget), so a step within them allocates
+  // no workspace and finds its buffers where the step before left them (CUDA graphs need that), and
+  // a device without room for them fails the start, not a request. A larger step still grows them.
+  // ResourceExhausted naming the bytes when the backend cannot.
   absl::Status ReserveWorkspace(int32_t rows, int32_t seqs, int64_t block_table_ints);
 
   // The element type of the KV caches made for this model (Engine, SequenceRunner): F32, F16
@@ -194,18 +194,32 @@ class LlamaModel {
   };
   FillScratch fill_scratch() { return {proj_.as<float>(), qkv_.as<float>()}; }
 
-  // Runs the batch; writes logits [batch.logit_rows.size(), vocab] to `logits` (host; rank 0
-  // only, other ranks leave it empty). A failed collective (the group aborted) is returned. With
-  // `capture`, also copies the residual stream at capture->depths and the queries it asks for
-  // (see ForwardCapture). With filled rows (batch.fill_split): logit rows must be exact rows,
-  // every filled row needs a fill that CheckSplit accepts, and num_layers is not supported
-  // (InvalidArgument). Exact rows' results are bitwise those of
-  // the plain path, and a filled row the fill sends back to exact (SelectExactRows) runs as
-  // an exact row.
+  // Runs the batch. The logits of batch.logit_rows stay on the backend until the next Run
+  // (rank 0; at TP > 1 gathered there from every rank), for SampleLogits and CopyLogits. A
+  // failed collective (the group aborted) is returned. With `capture`, also copies the
+  // residual stream at capture->depths and the queries it asks for (see ForwardCapture). With
+  // filled rows (batch.fill_split): logit rows must be exact rows, every filled row needs a
+  // fill that CheckSplit accepts, and num_layers is not supported (InvalidArgument). Exact
+  // rows' results are bitwise those of the plain path, and a filled row the fill sends back
+  // to exact (SelectExactRows) runs as an exact row.
   // With `profile` and filled rows, layers are timed (the backend is synchronized per layer)
   // and the profile is filled; without filled rows the profile is left empty.
+  absl::Status Run(const ForwardBatch& batch, PagedKvCache& cache,
+                   ForwardCapture* capture = nullptr, ForwardProfile* profile = nullptr);
+  // Run, then every logit row to `logits` ([batch.logit_rows.size(), vocab] on the host; rank
+  // 0 only, other ranks leave it empty): for tools and tests that read whole distributions.
   absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>& logits,
                        ForwardCapture* capture = nullptr, ForwardProfile* profile = nullptr);
+  // Rank 0, after Run: logit rows `rows` (indices into the batch's logit_rows) to `host`
+  // ([rows.size(), vocab]); OutOfRange for a row the last Run did not compute.
+  absl::Status CopyLogits(std::span<const int32_t> rows, float* host);
+  // Rank 0, after Run: every logit row to `logits` (resized to [rows, vocab]).
+  void CopyAllLogits(std::vector<float>& logits);
+  // Rank 0, after Run: Backend::Sample on the logit rows (SampleSpec::row indexes the batch's
+  // logit_rows): one token per spec to `out` (host); OutOfRange for a row the last Run did not
+  // compute or a penalty range outside `penalty_ids`, InvalidArgument for two specs on one row.
+  absl::Status SampleLogits(std::span<const SampleSpec> specs, std::span<const int32_t> penalty_ids,
+                            SampledToken* out);
 
  private:
   // Filled rows of one split layer and one fill, contiguous in the reordered batch.
@@ -239,11 +253,14 @@ class LlamaModel {
   // back to exact join the exact prefix (rows permuted on the backend and in the plan, group
   // bounds and num_exact updated); their input rows are added to profile->promoted_rows.
   absl::Status PromoteRows(size_t gi, RowPlan& plan, ForwardProfile* profile);
-  // The LM head for the batch's logit rows into `logits` (rank 0; gathered at TP > 1).
-  absl::Status RunLmHead(const ForwardBatch& batch, std::vector<float>& logits);
-  // The rank's head-sliced LM head output [m, shard.vocab] in logits_ → `logits` [m, vocab]
-  // on rank 0, gathered from every rank.
-  absl::Status GatherLogits(int32_t m, std::vector<float>& logits);
+  // The LM head for the batch's logit rows into logits_ (and at TP > 1 gathered into
+  // head_logits_ on rank 0).
+  absl::Status RunLmHead(const ForwardBatch& batch);
+  // The rank's head-sliced LM head output [m, shard.vocab] in logits_ → head_logits_
+  // [m, vocab] on rank 0, gathered from every rank.
+  absl::Status GatherLogits(int32_t m);
+  // Rank 0's [last_logit_rows_, vocab] logits of the last Run.
+  float* head_logits() { return comm_ == nullptr ? logits_.as<float>() : head_logits_.as<float>(); }
 
   // Scratch for `rows` rows and `meta_ints` int32 of step metadata; grows on demand.
   // ResourceExhausted when it cannot.
@@ -282,18 +299,20 @@ class LlamaModel {
   int32_t capacity_rows_ = 0;
   int64_t capacity_meta_ = 0;
   int32_t capacity_logit_rows_ = 0;
-  DeviceBuffer x_;          // [rows, hidden] residual stream
-  DeviceBuffer xn_;         // [rows, hidden] normalized
-  DeviceBuffer qkv_;        // [rows, q_dim + 2 kv_dim]
-  DeviceBuffer attn_;       // [rows, q_dim]
-  DeviceBuffer proj_;       // [rows, hidden]
-  DeviceBuffer gate_up_;    // [rows, 2 ffn]
-  DeviceBuffer act_;        // [rows, ffn]
-  DeviceBuffer step_meta_;  // int32, StepMeta's arrays
-  DeviceBuffer head_in_;    // [rows, hidden] rows gathered for the LM head; scratch before that
-  DeviceBuffer perm_;       // int32 [rows]: row permutation (leverage promotion)
-  DeviceBuffer logits_;     // [logit rows, shard vocab stride]
-  DeviceBuffer gathered_;   // TP > 1: [ranks, logit rows, shard vocab stride]
+  DeviceBuffer x_;            // [rows, hidden] residual stream
+  DeviceBuffer xn_;           // [rows, hidden] normalized
+  DeviceBuffer qkv_;          // [rows, q_dim + 2 kv_dim]
+  DeviceBuffer attn_;         // [rows, q_dim]
+  DeviceBuffer proj_;         // [rows, hidden]
+  DeviceBuffer gate_up_;      // [rows, 2 ffn]
+  DeviceBuffer act_;          // [rows, ffn]
+  DeviceBuffer step_meta_;    // int32, StepMeta's arrays
+  DeviceBuffer head_in_;      // [rows, hidden] rows gathered for the LM head; scratch before that
+  DeviceBuffer perm_;         // int32 [rows]: row permutation (leverage promotion)
+  DeviceBuffer logits_;       // [logit rows, shard vocab stride]
+  DeviceBuffer gathered_;     // TP > 1: [ranks, logit rows, shard vocab stride]
+  DeviceBuffer head_logits_;  // TP > 1, rank 0: [logit rows, vocab]
+  int32_t last_logit_rows_ = 0;  // the last Run's
 };
 
 }  // namespace ridgeserve

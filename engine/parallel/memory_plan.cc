@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/common/status_macros.h"
+#include "kernels/cuda/sample_plan.h"
 
 namespace ridgeserve {
 namespace {
@@ -36,11 +37,15 @@ absl::StatusOr<MemoryPlan> PlanShape(const ModelConfig& c, const MemoryPlanReque
   p.params = double(c.vocab_size) * h * (c.tied_embeddings ? 1 : 2) + h +
              c.num_layers * ((full_q + 2 * full_kv) * h + h * full_q + 3.0 * c.ffn * h + 2 * h +
                              (c.qk_norm ? 2 * hd : 0) + (c.qkv_bias ? full_q + 2 * full_kv : 0));
-  // f32 activations of one step (LlamaModel's workspace) and its logit rows (local, gathered).
+  // f32 activations of one step (LlamaModel's workspace), its logit rows (local; at TP > 1
+  // also gathered, and whole on rank 0) and, on rank 0, the sampling scratch.
   const double rows = request.max_batch_tokens;
-  p.workspace_bytes = sizeof(float) * (rows * (4 * h + (q + 2 * kv) + q + 3 * ff) +
-                                       double(request.max_running_requests) * vocab *
-                                           (1 + (request.tensor_parallel > 1 ? s.size : 0)));
+  const double seqs = request.max_running_requests;
+  const bool tp = request.tensor_parallel > 1;
+  p.workspace_bytes =
+      sizeof(float) * (rows * (4 * h + (q + 2 * kv) + q + 3 * ff) +
+                       seqs * vocab * (1 + (tp ? s.size : 0)) + (tp ? seqs * c.vocab_size : 0)) +
+      cuda::SampleScratchBytes(request.max_running_requests, c.vocab_size);
   p.reserve_bytes = request.reserve_bytes;
   p.kv_bytes_per_token = 2.0 * c.num_layers * kv * ElementBytes(request.kv_dtype);
   p.min_kv_tokens = request.min_kv_tokens > 0 ? request.min_kv_tokens : c.context_length;

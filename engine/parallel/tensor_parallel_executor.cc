@@ -14,10 +14,7 @@ namespace ridgeserve {
 
 TensorParallelExecutor::TensorParallelExecutor(std::vector<LlamaModel*> ranks,
                                                std::vector<PagedKvCache*> caches)
-    : ranks_(std::move(ranks)),
-      caches_(std::move(caches)),
-      status_(ranks_.size()),
-      logits_(ranks_.size()) {
+    : ranks_(std::move(ranks)), caches_(std::move(caches)), status_(ranks_.size()) {
   assert(!ranks_.empty() && ranks_.size() == caches_.size());
   if (const char* fault = std::getenv("RIDGESERVE_TEST_TP_FAULT"); fault != nullptr) {
     const std::vector<std::string> parts = absl::StrSplit(fault, ':');
@@ -61,7 +58,7 @@ void TensorParallelExecutor::RunRank(int32_t rank) {
     if (rank == fault_rank_ && static_cast<int64_t>(seen) == fault_step_) {
       status = absl::InternalError(absl::StrCat("injected fault at step ", seen));
     } else {
-      status = ranks_[rank]->Forward(*batch, *caches_[rank], logits_[rank], nullptr, profile);
+      status = ranks_[rank]->Run(*batch, *caches_[rank], nullptr, profile);
     }
     // A failing rank releases the others from the collectives it will not join (a group
     // already aborted keeps its first reason).
@@ -74,8 +71,7 @@ void TensorParallelExecutor::RunRank(int32_t rank) {
   }
 }
 
-absl::Status TensorParallelExecutor::Forward(const ForwardBatch& batch, std::vector<float>& logits,
-                                             ForwardProfile* profile) {
+absl::Status TensorParallelExecutor::Run(const ForwardBatch& batch, ForwardProfile* profile) {
   if (!broken_.ok()) return broken_;
   {
     std::unique_lock lock(mu_);
@@ -95,10 +91,7 @@ absl::Status TensorParallelExecutor::Forward(const ForwardBatch& batch, std::vec
       failed = r;
     }
   }
-  if (failed < 0) {
-    logits.swap(logits_[0]);
-    return absl::OkStatus();
-  }
+  if (failed < 0) return absl::OkStatus();
   const absl::Status error = absl::InternalError(
       absl::StrCat("tensor-parallel rank ", failed, " failed: ", status_[failed].message()));
   spdlog::error("{}", std::string(error.message()));

@@ -1,8 +1,8 @@
 // Runs the engine's forward steps on every rank of a sharded model (DESIGN.md, "Scale"): one
 // worker thread per rank drives that rank's LlamaModel, backend and KV cache; the engine
 // thread hands every rank the same plain-data step (the ForwardBatch, read-only) and waits.
-// Rank 0's logits and profile come back; the scheduler's block decisions (the block tables
-// in the batch) hold for every rank's cache, which have the same blocks.
+// Rank 0 holds the logits (head()) and its profile comes back; the scheduler's block decisions (the
+// block tables in the batch) hold for every rank's cache, which have the same blocks.
 #ifndef RIDGESERVE_ENGINE_PARALLEL_TENSOR_PARALLEL_EXECUTOR_H_
 #define RIDGESERVE_ENGINE_PARALLEL_TENSOR_PARALLEL_EXECUTOR_H_
 
@@ -27,12 +27,14 @@ class TensorParallelExecutor {
   TensorParallelExecutor(std::vector<LlamaModel*> ranks, std::vector<PagedKvCache*> caches);
   ~TensorParallelExecutor();  // joins the rank threads
 
-  // LlamaModel::Forward on every rank. When a rank fails, it aborts the group's collectives
+  // LlamaModel::Run on every rank. When a rank fails, it aborts the group's collectives
   // so no rank waits for it, and this returns Internal naming the rank and its error; the
   // group is then reset for the next step, or, where the communicator cannot be reset, this
   // and every later call return Unavailable saying so.
-  absl::Status Forward(const ForwardBatch& batch, std::vector<float>& logits,
-                       ForwardProfile* profile);
+  absl::Status Run(const ForwardBatch& batch, ForwardProfile* profile);
+  // Rank 0's model, which holds a successful Run's logits (LlamaModel::SampleLogits,
+  // CopyLogits; called between Runs, while the rank threads wait).
+  LlamaModel& head() { return *ranks_[0]; }
 
  private:
   void RunRank(int32_t rank);
@@ -50,9 +52,8 @@ class TensorParallelExecutor {
   bool stopping_ = false;
   const ForwardBatch* batch_ = nullptr;
   ForwardProfile* profile_ = nullptr;
-  std::vector<absl::Status> status_;        // per rank, of the current step
-  std::vector<std::vector<float>> logits_;  // per rank (rank 0's are the result)
-  absl::Status broken_;                     // set when the group could not be reset
+  std::vector<absl::Status> status_;  // per rank, of the current step
+  absl::Status broken_;               // set when the group could not be reset
   std::vector<std::thread> threads_;
 };
 

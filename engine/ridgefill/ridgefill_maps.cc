@@ -102,6 +102,7 @@ absl::StatusOr<std::vector<RidgeFillSplitMaps>> LoadRank(const MapSet& maps, Lla
                     out.leverage_mean.data(), 1, 0.0f, bias.data(), 1);
         RS_ASSIGN_OR_RETURN(out.leverage_inverse, PackF32(backend, inverse, hidden, hidden));
         RS_ASSIGN_OR_RETURN(out.leverage_bias, Upload(backend, bias));
+        RS_ASSIGN_OR_RETURN(out.leverage_shift, Upload(backend, out.leverage_mean));
       }
     }
     std::vector<bool> seen(config.num_layers, false);
@@ -241,20 +242,18 @@ void RidgeFillMaps::SelectExactRows(LlamaModel& model, const FilledRows& rows,
   const RidgeFillSplitMaps& maps = *FindSplit(rows.split_layer, model.shard().rank);
   const int32_t hidden = model.config().hidden;
   Backend& backend = model.backend();
-  // leverage = (h − μ) · (M h − M μ), with M h − M μ from one GEMM on the backend.
-  float* mh = model.fill_scratch().hidden;
-  backend.Linear(rows.h, rows.count, maps.leverage_inverse, maps.leverage_bias.as<float>(), mh);
-  std::vector<float> h(static_cast<size_t>(rows.count) * hidden), y(h.size());
-  backend.CopyToHost(h.data(), rows.h, sizeof(float) * h.size());
-  backend.CopyToHost(y.data(), mh, sizeof(float) * y.size());
-  for (int32_t i = 0; i < rows.count; ++i) {
-    double leverage = 0;
-    for (int32_t j = 0; j < hidden; ++j) {
-      const size_t e = static_cast<size_t>(i) * hidden + j;
-      leverage += (static_cast<double>(h[e]) - maps.leverage_mean[j]) * y[e];
-    }
-    exact[i] = leverage > max_leverage_;
-  }
+  // leverage = (h − μ) · (M h − M μ): M h − M μ from one GEMM, the row dots on the backend;
+  // only the rows' leverages come back.
+  const LlamaModel::FillScratch scratch = model.fill_scratch();
+  backend.Linear(rows.h, rows.count, maps.leverage_inverse, maps.leverage_bias.as<float>(),
+                 scratch.hidden);
+  // A double a row in the K/V scratch (2 kv_dim floats a row), which the fill has not used yet.
+  double* leverages = reinterpret_cast<double*>(scratch.kv);
+  backend.ShiftedRowDots(rows.h, maps.leverage_shift.as<float>(), scratch.hidden, rows.count,
+                         hidden, leverages);
+  std::vector<double> leverage(rows.count);
+  backend.CopyToHost(leverage.data(), leverages, sizeof(double) * leverage.size());
+  for (int32_t i = 0; i < rows.count; ++i) exact[i] = leverage[i] > max_leverage_;
 }
 
 void RidgeFillMaps::WriteKv(LlamaModel& model, int32_t layer, const FilledRows& rows,

@@ -63,6 +63,7 @@ struct RidgeFillSplitMaps {
   // on rank 0 only (it decides for every rank).
   Weight leverage_inverse;
   DeviceBuffer leverage_bias;
+  DeviceBuffer leverage_shift;       // μ on the backend (rank 0)
   std::vector<float> leverage_mean;  // μ, host, on every rank
   // by_layer[l] for l in [s + 2, num_layers); entries below s + 2 are empty.
   std::vector<RidgeFillLayerMap> by_layer;

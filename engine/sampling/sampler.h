@@ -1,16 +1,16 @@
 // Token sampling for one request: temperature, top-k, top-p, min-p, repetition penalty,
-// seeded and reproducible. A Sampler belongs to one request (its RNG state is per request),
-// so its choices do not depend on what else is batched with it.
+// seeded and reproducible (Philox, counter-based: kernels/philox.h). A Sampler belongs to one
+// request, so its choices do not depend on what else is batched with it.
 #ifndef RIDGESERVE_ENGINE_SAMPLING_SAMPLER_H_
 #define RIDGESERVE_ENGINE_SAMPLING_SAMPLER_H_
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/sample.h"
 
 namespace ridgeserve {
 
@@ -30,11 +30,6 @@ struct SamplingParams {
   bool logprobs = false;
 };
 
-// Greedy choice: the first index of the largest logit (ties go to the lowest token id). NaNs are
-// never chosen; with no logit above -inf, 0.
-int32_t Argmax(std::span<const float> logits);
-// log_softmax(logits)[token] in double (SampleResult::logprob; the eval tools' NLL).
-double LogSoftmaxAt(std::span<const float> logits, int32_t token);
 // log_softmax(logits), every entry (accumulated in double).
 std::vector<float> LogSoftmax(std::span<const float> logits);
 
@@ -51,42 +46,31 @@ DistributionGap CompareDistributions(std::span<const float> p_logprobs,
 // InvalidArgument naming the field ("temperature must be >= 0, got -1").
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
-struct SampleResult {
-  int32_t token = -1;
-  // log-softmax of the chosen token under the unmodified logits; 0 unless params.logprobs
-  float logprob = 0.0f;
-};
-
+// A request's sampling state: its parameters, its key and how many draws it has made. The
+// draw itself is RowSampler's (kernels/sample.h), on the host here or on a backend
+// (Backend::Sample) from the spec Next gives; either way the n-th draw of a request uses the
+// n-th uniform of its seed, whatever it is batched with.
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
   const SamplingParams& params() const { return params_; }
 
-  // `logits` has vocab_size entries; `context` is prompt + generated ids so far (used by the
-  // repetition penalty). Deterministic given the seed and the sequence of calls. The
-  // repetition penalty is applied to `logits` in place and undone before returning (the
-  // logits hold their original bits again), so a step costs O(context), not a vocabulary copy.
-  SampleResult Sample(std::span<float> logits, std::span<const int32_t> context);
+  // The spec of this request's next draw, from logits row `row` (penalty range left empty:
+  // the caller places the ids).
+  SampleSpec Next(int32_t row);
+
+  // Next, then the draw on the host. `context` is prompt + generated ids so far (used by the
+  // repetition penalty). `logits` hold their original bits again on return.
+  SampledToken Sample(std::span<float> logits, std::span<const int32_t> context);
 
   // True when `token` ends the request: in stop_token_ids, or in `eog_ids` unless ignore_eos.
   bool IsStop(int32_t token, std::span<const int32_t> eog_ids) const;
 
  private:
-  // Draws from the filtered, tempered distribution over `logits` (already penalized).
-  int32_t Draw(std::span<const float> logits);
-  // Penalizes every distinct id of `context` in `logits`, remembering the originals in
-  // penalized_; RestorePenalized puts them back.
-  void ApplyRepetitionPenalty(std::span<float> logits, std::span<const int32_t> context);
-  void RestorePenalized(std::span<float> logits);
-
   SamplingParams params_;
-  // The standard fixes mt19937_64's output sequence, so a seed replays the same tokens on
-  // every platform; the uniform draw is derived from its bits by hand for the same reason.
-  std::mt19937_64 rng_;
-  std::vector<std::pair<int32_t, float>> penalized_;   // (id, original logit) of this step
-  std::vector<bool> is_penalized_;                     // (vocab) false between steps
-  std::vector<std::pair<float, int32_t>> candidates_;  // (vocab) (logit or weight, token id)
-  std::vector<float> weights_;                         // (vocab) unfiltered draws' weights
+  uint64_t key_ = 0;    // params.seed, or from std::random_device without one
+  uint64_t draws_ = 0;  // draws made
+  RowSampler row_sampler_;
 };
 
 }  // namespace ridgeserve

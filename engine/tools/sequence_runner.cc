@@ -89,9 +89,12 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
     }
     ForwardProfile profile;
     ForwardProfile* wanted = fill != nullptr ? &profile : nullptr;
-    RS_RETURN_IF_ERROR(executor_ != nullptr
-                           ? executor_->Forward(batch, chunk_logits_, wanted)
-                           : model_.Forward(batch, cache, chunk_logits_, nullptr, wanted));
+    if (executor_ != nullptr) {
+      RS_RETURN_IF_ERROR(executor_->Run(batch, wanted));
+      executor_->head().CopyAllLogits(chunk_logits_);
+    } else {
+      RS_RETURN_IF_ERROR(model_.Forward(batch, cache, chunk_logits_, nullptr, wanted));
+    }
     if (fill != nullptr) {
       const auto filled = std::count_if(batch.fill_split.begin(), batch.fill_split.end(),
                                         [](int32_t s) { return s >= 0; }) -

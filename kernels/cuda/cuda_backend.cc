@@ -25,6 +25,9 @@
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/rope.h"
+#include "kernels/cuda/row_dots.h"
+#include "kernels/cuda/sample.h"
+#include "kernels/cuda/sample_plan.h"
 #include "kernels/cuda/store_kv.h"
 #include "kernels/cuda/swiglu.h"
 #include "kernels/dtype.h"
@@ -76,7 +79,13 @@ class CudaBackend final : public Backend {
     y_scratch_ = DeviceBuffer();
     attention_workspace_ = DeviceBuffer();
     pack_device_ = DeviceBuffer();
+    sample_upload_ = DeviceBuffer();
+    sample_keys_[0] = DeviceBuffer();
+    sample_keys_[1] = DeviceBuffer();
+    sample_sort_temp_ = DeviceBuffer();
+    sample_out_ = DeviceBuffer();
     if (pack_host_ != nullptr) cudaFreeHost(pack_host_);
+    if (sample_host_ != nullptr) cudaFreeHost(sample_host_);
     cudaStreamDestroy(stream_);
   }
 
@@ -90,6 +99,7 @@ class CudaBackend final : public Backend {
     if (!linear.ok()) return linear.status();
     linear_ = std::move(*linear);
     CUDA_RETURN_IF_ERROR(cuda::PrepareAttentionKernels());
+    CUDA_RETURN_IF_ERROR(cuda::PrepareSampleKernels());
     return absl::OkStatus();
   }
 
@@ -317,6 +327,103 @@ class CudaBackend final : public Backend {
     cuda::LaunchGatherRows(src, dim, index, n, dst, stream_);
   }
 
+  void ShiftedRowDots(const float* a, const float* shift, const float* b, int32_t n, int32_t dim,
+                      double* out) override {
+    SetDevice();
+    cuda::LaunchShiftedRowDots(a, shift, b, n, dim, out, stream_);
+  }
+
+  void CopyColumns(const float* src, int64_t src_ld, int32_t rows, int32_t cols, float* dst,
+                   int64_t dst_ld) override {
+    if (rows <= 0 || cols <= 0) return;
+    SetDevice();
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, sizeof(float) * dst_ld, src, sizeof(float) * src_ld,
+                                 sizeof(float) * cols, rows, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  absl::Status ReserveSampling(int32_t rows, int32_t vocab) override {
+    SetDevice();
+    // Every row sorted: the most the keys and the sort's storage can need.
+    std::vector<SampleSpec> all(static_cast<size_t>(rows));
+    for (SampleSpec& spec : all) spec.top_p = 0.5f;
+    absl::StatusOr<cuda::SamplePlan> plan = cuda::PlanSample(all, vocab, 0);
+    if (!plan.ok()) return plan.status();
+    const size_t key_bytes = sizeof(uint64_t) * static_cast<size_t>(rows) * vocab;
+    const size_t sizes[] = {plan->upload_bytes, key_bytes, key_bytes,
+                            cuda::SampleSortTempBytes(rows, vocab),
+                            sizeof(SampledToken) * static_cast<size_t>(rows)};
+    DeviceBuffer* buffers[] = {&sample_upload_, &sample_keys_[0], &sample_keys_[1],
+                               &sample_sort_temp_, &sample_out_};
+    for (size_t i = 0; i < std::size(buffers); ++i) {
+      if (buffers[i]->bytes() >= sizes[i]) continue;
+      *buffers[i] = DeviceBuffer();
+      absl::StatusOr<DeviceBuffer> grown = Alloc(sizes[i]);
+      if (!grown.ok()) {
+        return absl::Status(grown.status().code(),
+                            absl::StrCat("sampling scratch for ", rows, " rows of ", vocab,
+                                         " ids: ", grown.status().message()));
+      }
+      *buffers[i] = std::move(*grown);
+    }
+    if (sample_host_bytes_ < plan->upload_bytes) {
+      if (sample_host_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFreeHost(sample_host_));
+      sample_host_ = nullptr;
+      sample_host_bytes_ = 0;
+      CUDA_RETURN_IF_ERROR(
+          cudaMallocHost(reinterpret_cast<void**>(&sample_host_), plan->upload_bytes));
+      sample_host_bytes_ = plan->upload_bytes;
+    }
+    return absl::OkStatus();
+  }
+
+  // One upload (specs, the plan, the penalty ids) from pinned memory, the kernels
+  // (kernels/cuda/sample.h), and the tokens back: nothing of the logits leaves the device.
+  void Sample(float* logits, int32_t vocab, std::span<const SampleSpec> specs,
+              std::span<const int32_t> penalty_ids, SampledToken* out) override {
+    if (specs.empty()) return;
+    SetDevice();
+    absl::StatusOr<cuda::SamplePlan> plan = cuda::PlanSample(specs, vocab, penalty_ids.size());
+    if (!plan.ok()) cuda::Fatal(plan.status());
+    if (sample_host_bytes_ < plan->upload_bytes) {
+      if (sample_host_ != nullptr) CUDA_CHECK(cudaFreeHost(sample_host_));
+      sample_host_ = nullptr;
+      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_host_), plan->upload_bytes));
+      sample_host_bytes_ = plan->upload_bytes;
+    }
+    // The staging is free: the previous call waited for its results.
+    cuda::PackSampleUpload(*plan, specs, penalty_ids, sample_host_);
+    Ensure(sample_upload_, plan->upload_bytes);
+    CUDA_CHECK(cudaMemcpyAsync(sample_upload_.as<void>(), sample_host_, plan->upload_bytes,
+                               cudaMemcpyHostToDevice, stream_));
+    const int32_t slots = plan->num_slots();
+    const size_t key_bytes = sizeof(uint64_t) * static_cast<size_t>(slots) * vocab;
+    Ensure(sample_keys_[0], key_bytes);
+    Ensure(sample_keys_[1], key_bytes);
+    const size_t temp_bytes = cuda::SampleSortTempBytes(slots, vocab);
+    Ensure(sample_sort_temp_, temp_bytes);
+    Ensure(sample_out_, sizeof(SampledToken) * specs.size());
+    const uint8_t* upload = sample_upload_.as<const uint8_t>();
+    cuda::SampleArgs args;
+    args.logits = logits;
+    args.vocab = vocab;
+    args.num_specs = static_cast<int32_t>(specs.size());
+    args.num_slots = slots;
+    args.specs = reinterpret_cast<const SampleSpec*>(upload + plan->specs_offset);
+    args.sort_slot = reinterpret_cast<const int32_t*>(upload + plan->sort_slot_offset);
+    args.slot_spec = reinterpret_cast<const int32_t*>(upload + plan->slot_spec_offset);
+    args.slot_offsets = reinterpret_cast<const int32_t*>(upload + plan->slot_offsets_offset);
+    args.penalty_ids = reinterpret_cast<const int32_t*>(upload + plan->penalty_offset);
+    args.keys[0] = sample_keys_[0].as<uint64_t>();
+    args.keys[1] = sample_keys_[1].as<uint64_t>();
+    args.sort_temp = sample_sort_temp_.as<void>();
+    args.sort_temp_bytes = temp_bytes;
+    args.out = sample_out_.as<SampledToken>();
+    cuda::LaunchSample(args, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(out, args.out, sizeof(SampledToken) * specs.size(),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
  private:
   // Weights reach this backend only from its own PackWeight.
   static const CudaWeight& Packed(const Weight& w) {
@@ -361,6 +468,13 @@ class CudaBackend final : public Backend {
   DeviceBuffer attention_workspace_;  // split-KV slot states
   DeviceBuffer pack_device_;          // PackWeight's f32 rows on the device
   float* pack_host_ = nullptr;        // ... and on the host (pinned)
+  // Sample's: the upload (pinned on the host, and on the device), keys, sort storage, tokens.
+  uint8_t* sample_host_ = nullptr;
+  size_t sample_host_bytes_ = 0;
+  DeviceBuffer sample_upload_;
+  DeviceBuffer sample_keys_[2];
+  DeviceBuffer sample_sort_temp_;
+  DeviceBuffer sample_out_;
 };
 
 }  // namespace

@@ -7,12 +7,14 @@
 #include <cmath>
 #include <cstdio>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "engine/kv/paged_kv_cache.h"
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
+#include "kernels/sample.h"
 #include "tests/engine/default_model_fixture.h"
 
 namespace ridgeserve {
@@ -256,6 +258,46 @@ TEST_F(ForwardTest, RejectsTokenOutsideVocabulary) {
   std::vector<float> logits;
   const int32_t bad[] = {model_->config.vocab_size};
   EXPECT_EQ(runner.Append(bad, 1, false, logits).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// After Run the logits stay on the backend: SampleLogits and CopyLogits read the rows it
+// computed and name a row or penalty range outside them.
+TEST_F(ForwardTest, SampleAndCopyLogitsReadOnlyTheRowsTheRunComputed) {
+  const ModelConfig& c = model_->config;
+  absl::StatusOr<PagedKvCache> created = PagedKvCache::Create(
+      *backend_, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, 16, 4});
+  ASSERT_TRUE(created.ok()) << created.status();
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(created->pool(), 8, 16).ok());
+  const std::vector<int32_t> tokens = RandomTokens(8, 5);
+  ForwardBatch batch;
+  batch.AddSequence(table, 16, tokens, 0, true);
+  LlamaModel& model = *model_->llama;
+  ASSERT_TRUE(model.Run(batch, *created).ok());
+  std::vector<float> row(c.vocab_size);
+  const int32_t first[] = {0};
+  ASSERT_TRUE(model.CopyLogits(first, row.data()).ok());
+  SampleSpec greedy;
+  greedy.temperature = 0.0f;
+  SampledToken token;
+  ASSERT_TRUE(model.SampleLogits(std::span(&greedy, 1), {}, &token).ok());
+  EXPECT_EQ(token.token, Argmax(row));
+
+  const int32_t past[] = {1};
+  const absl::Status copy = model.CopyLogits(past, row.data());
+  EXPECT_EQ(copy.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(copy.message().find("logit row 1 of 1"), std::string::npos) << copy;
+  SampleSpec wrong_row = greedy;
+  wrong_row.row = 1;
+  EXPECT_EQ(model.SampleLogits(std::span(&wrong_row, 1), {}, &token).code(),
+            absl::StatusCode::kOutOfRange);
+  SampleSpec wrong_ids = greedy;
+  wrong_ids.repetition_penalty = 1.2f;
+  wrong_ids.penalty_end = 3;
+  const int32_t two_ids[] = {4, 5};
+  const absl::Status ids = model.SampleLogits(std::span(&wrong_ids, 1), two_ids, &token);
+  EXPECT_EQ(ids.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(ids.message().find("penalty ids [0, 3) of 2"), std::string::npos) << ids;
 }
 
 }  // namespace

@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -140,6 +142,41 @@ TEST_F(CudaOpsTest, AddAndGatherRowsAreExact) {
     b.GatherRows(p[0], 100, id.as<int32_t>(), 10, out);
   });
   EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(cpu, gpu));
+}
+
+// CopyColumns moves a block between strides (rank 0's gather of the logits at TP > 1).
+TEST_F(CudaOpsTest, CopyColumnsIsExact) {
+  const auto src = RandomFloats(6 * 50, 9);
+  auto [cpu, gpu] = Both({src}, 6 * 64, [&](Backend& b, auto& p, float* out) {
+    b.CopyColumns(p[0] + 3, 50, 6, 40, out + 7, 64);
+  });
+  EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(cpu, gpu));
+}
+
+// RidgeFill's leverage: the same double products, summed in another fixed order (lanes, then a
+// butterfly): within dim double ulps of the terms' magnitude, and bitwise reproducible.
+TEST_F(CudaOpsTest, ShiftedRowDotsMatchCpu) {
+  const int32_t n = 37, dim = 4096;
+  const auto a = RandomFloats(size_t(n) * dim, 10, -4.0f, 4.0f);
+  const auto b = RandomFloats(size_t(n) * dim, 11, -4.0f, 4.0f);
+  const auto shift = RandomFloats(dim, 12);
+  std::vector<double> results[2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int k = 0; k < 2; ++k) {
+    DeviceBuffer da = Upload(*backends[k], a), db = Upload(*backends[k], b);
+    DeviceBuffer ds = Upload(*backends[k], shift);
+    DeviceBuffer out = *backends[k]->Alloc(sizeof(double) * n);
+    backends[k]->ShiftedRowDots(da.as<float>(), ds.as<float>(), db.as<float>(), n, dim,
+                                out.as<double>());
+    results[k] = Download<double>(*backends[k], out, n);
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    double magnitude = 0;
+    for (int32_t j = 0; j < dim; ++j) {
+      magnitude += std::abs((double(a[i * dim + j]) - shift[j]) * b[i * dim + j]);
+    }
+    EXPECT_NEAR(results[1][i], results[0][i], magnitude * dim * 0x1p-52) << i;
+  }
 }
 
 // StoreKv narrows with round to nearest even on both: bitwise equal caches, every dtype.
@@ -454,6 +491,107 @@ TEST_F(CudaOpsTest, AttentionRowIsBitwiseTheSameAloneInBatchesAndAnyPaging) {
               -1)
         << "sequence " << s << ": decode row with block size 32 vs prefill row with 16";
   }
+}
+
+// Backend::Sample: a step of mixed specs (greedy, plain, top-k, top-p, min-p, penalties,
+// log-probabilities) on each backend, each spec drawn 20 times (draws 0..19). The CUDA token is
+// the CPU's except where the target lands within rounding of a cumulative boundary (CUDA's expf
+// and chunked double sums against glibc's and a sequential sum: ~1e-7 relative), so at most one
+// draw in a thousand may differ; log-probabilities are double sums of the same terms. The
+// vocabularies are the default model's and one whose penalty bitmap (50,000 bytes) needs more
+// than the 48 KiB of shared memory a kernel gets without opting in.
+TEST_F(CudaOpsTest, SampleMatchesCpu) {
+  for (int32_t vocab : {49152, 400000}) {
+    SCOPED_TRACE(vocab);
+    const int32_t rows = 64;
+    const std::vector<float> logits =
+        RandomFloats(static_cast<size_t>(rows) * vocab, 41, -8.0f, 8.0f);
+    std::vector<int32_t> penalty_ids;
+    std::vector<SampleSpec> specs = ::ridgeserve::testing::MixedSampleSpecs(rows, penalty_ids);
+    DeviceBuffer on_cpu = Upload(*cpu_, logits);
+    DeviceBuffer on_cuda = Upload(*cuda_, logits);
+    int draws = 0, differ = 0;
+    double max_logprob_diff = 0;
+    for (int d = 0; d < 20; ++d) {
+      for (SampleSpec& s : specs) s.draw = d;
+      std::vector<SampledToken> want(specs.size()), got(specs.size());
+      cpu_->Sample(on_cpu.as<float>(), vocab, specs, penalty_ids, want.data());
+      cuda_->Sample(on_cuda.as<float>(), vocab, specs, penalty_ids, got.data());
+      for (size_t i = 0; i < specs.size(); ++i) {
+        ++draws;
+        if (got[i].token != want[i].token) {
+          ++differ;
+          continue;
+        }
+        max_logprob_diff =
+            std::max(max_logprob_diff, std::abs(double(got[i].logprob) - want[i].logprob));
+      }
+    }
+    std::printf("sample, vocab %d: %d of %d draws differ from the CPU; max |logprob diff| %.3g\n",
+                vocab, differ, draws, max_logprob_diff);
+    EXPECT_LE(differ * 1000, draws);
+    EXPECT_LE(max_logprob_diff, 1e-5);
+    // The logits are read, not changed.
+    EXPECT_EQ(Download<float>(*cuda_, on_cuda, logits.size()), logits);
+  }
+}
+
+// A spec's token and log-probability are bitwise the same drawn alone and in a batch, and a
+// greedy tie goes to the lowest id.
+TEST_F(CudaOpsTest, SampleIsBatchInvariantAndBreaksTiesByLowestId) {
+  const int32_t rows = 32, vocab = 49152;
+  std::vector<float> logits = RandomFloats(static_cast<size_t>(rows) * vocab, 42, -8.0f, 8.0f);
+  logits[100] = logits[7000] = 20.0f;  // row 0: a tie at the top
+  std::vector<int32_t> penalty_ids;
+  std::vector<SampleSpec> specs = ::ridgeserve::testing::MixedSampleSpecs(rows, penalty_ids);
+  DeviceBuffer on_cuda = Upload(*cuda_, logits);
+  std::vector<SampledToken> batched(specs.size());
+  cuda_->Sample(on_cuda.as<float>(), vocab, specs, penalty_ids, batched.data());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    SampledToken alone;
+    cuda_->Sample(on_cuda.as<float>(), vocab, std::span(&specs[i], 1), penalty_ids, &alone);
+    EXPECT_EQ(alone.token, batched[i].token) << "spec " << i;
+    EXPECT_EQ(std::memcmp(&alone.logprob, &batched[i].logprob, sizeof(float)), 0) << "spec " << i;
+  }
+  // Row 0's tie at the top: greedy, top-k 1 and a tiny top-p keep the lower id, in the sorted
+  // keys as in the argmax.
+  SampleSpec greedy;
+  greedy.temperature = 0.0f;
+  SampleSpec top_k = greedy;
+  top_k.temperature = 1.0f;
+  top_k.top_k = 1;
+  SampleSpec top_p = top_k;
+  top_p.top_k = 0;
+  top_p.top_p = 0.01f;
+  for (const SampleSpec& spec : {greedy, top_k, top_p}) {
+    for (uint64_t draw = 0; draw < 8; ++draw) {
+      SampleSpec s = spec;
+      s.draw = draw;
+      SampledToken top;
+      cuda_->Sample(on_cuda.as<float>(), vocab, std::span(&s, 1), {}, &top);
+      EXPECT_EQ(top.token, 100) << "top_k " << s.top_k << " top_p " << s.top_p;
+    }
+  }
+}
+
+// After ReserveSampling(rows, vocab), drawing up to that many rows, every one sorted, takes no
+// more device memory.
+TEST_F(CudaOpsTest, SamplingWithinTheReservationAllocatesNothing) {
+  const int32_t rows = 16, vocab = 49152;
+  ASSERT_TRUE(cuda_->ReserveSampling(rows, vocab).ok());
+  const std::vector<float> logits =
+      RandomFloats(static_cast<size_t>(rows) * vocab, 43, -8.0f, 8.0f);
+  DeviceBuffer on_cuda = Upload(*cuda_, logits);
+  std::vector<SampleSpec> specs(rows);
+  for (int32_t r = 0; r < rows; ++r) {
+    specs[r].row = r;
+    specs[r].top_p = 0.9f;
+    specs[r].top_k = 50;
+  }
+  std::vector<SampledToken> out(rows);
+  const size_t free_before = cuda_->MemoryInfo()->free_bytes;
+  cuda_->Sample(on_cuda.as<float>(), vocab, specs, {}, out.data());
+  EXPECT_EQ(cuda_->MemoryInfo()->free_bytes, free_before);
 }
 
 }  // namespace

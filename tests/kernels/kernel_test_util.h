@@ -8,6 +8,8 @@
 #include <random>
 #include <vector>
 
+#include "kernels/sample_spec.h"
+
 namespace ridgeserve::testing {
 
 // n values uniform in [lo, hi), reproducible from `seed`.
@@ -55,6 +57,34 @@ inline float RoundToBFloat16Reference(float x) {
   if (d_down < d_up) return as_float(down);
   if (d_up < d_down) return as_float(up);
   return as_float(((down >> 16) & 1u) == 0 ? down : up);
+}
+
+// Backend::Sample specs for `rows` rows of a vocabulary of at least 2000 ids, covering greedy,
+// plain draws, each filter and top-k with top-p, repetition penalties (their ids appended to
+// `penalty_ids`, one repeated) and log-probabilities; spec r draws from row rows - 1 - r.
+inline std::vector<SampleSpec> MixedSampleSpecs(int32_t rows, std::vector<int32_t>& penalty_ids) {
+  std::vector<SampleSpec> specs;
+  for (int32_t r = 0; r < rows; ++r) {
+    SampleSpec s;
+    s.row = rows - 1 - r;
+    s.temperature = r % 4 == 0 ? 0.0f : 0.5f + 0.1f * (r % 10);
+    s.top_k = r % 4 == 1 ? 20 : 0;
+    s.top_p = r % 4 == 2 ? 0.9f : r % 8 == 5 ? 0.8f : 1.0f;  // r % 8 == 5: with top-k
+    s.min_p = r % 5 == 3 ? 0.05f : 0.0f;
+    s.seed = 100 + r;
+    s.draw = 7 * r;
+    s.logprob = r % 3 == 0;
+    if (r % 2 == 0) {
+      s.repetition_penalty = 1.5f;
+      s.penalty_begin = static_cast<int32_t>(penalty_ids.size());
+      for (int32_t j = 0; j < 30; ++j) penalty_ids.push_back((r * 131 + j * 17) % 2000);
+      penalty_ids.push_back(penalty_ids[s.penalty_begin]);  // a repeat: penalized once
+      penalty_ids.push_back(-1);                            // outside the vocabulary: ignored
+      s.penalty_end = static_cast<int32_t>(penalty_ids.size());
+    }
+    specs.push_back(s);
+  }
+  return specs;
 }
 
 }  // namespace ridgeserve::testing

@@ -62,6 +62,11 @@ class CountingBackend final : public Backend {
   void SwiGlu(const float*, int32_t, int32_t, float*) override {}
   void Add(float*, const float*, size_t) override {}
   void GatherRows(const float*, int32_t, const int32_t*, int32_t, float*) override {}
+  void ShiftedRowDots(const float*, const float*, const float*, int32_t, int32_t,
+                      double*) override {}
+  void CopyColumns(const float*, int64_t, int32_t, int32_t, float*, int64_t) override {}
+  void Sample(float*, int32_t, std::span<const SampleSpec>, std::span<const int32_t>,
+              SampledToken*) override {}
 
   int frees = 0;
 };
@@ -118,6 +123,41 @@ TEST(CpuMemoryTest, CopiesRoundTrip) {
   backend->CopyToHost(back.data(), dev.as<void>(), back.size() * sizeof(float));
   backend->Synchronize();
   EXPECT_TRUE(BitwiseEqual(host, back));
+}
+
+// Against a long double sum: the double sum of dim products is within dim ulps of it.
+TEST(CpuOpsTest, ShiftedRowDotsAreDoubleSums) {
+  auto backend = CreateCpuBackend(2);
+  const int32_t n = 5, dim = 576;
+  const std::vector<float> a = RandomFloats(size_t(n) * dim, 3, -4.0f, 4.0f);
+  const std::vector<float> b = RandomFloats(size_t(n) * dim, 4, -4.0f, 4.0f);
+  const std::vector<float> shift = RandomFloats(dim, 5);
+  std::vector<double> out(n);
+  backend->ShiftedRowDots(a.data(), shift.data(), b.data(), n, dim, out.data());
+  for (int32_t i = 0; i < n; ++i) {
+    long double want = 0, magnitude = 0;
+    for (int32_t j = 0; j < dim; ++j) {
+      const long double term =
+          (static_cast<long double>(a[i * dim + j]) - shift[j]) * b[i * dim + j];
+      want += term;
+      magnitude += std::abs(term);
+    }
+    EXPECT_NEAR(out[i], static_cast<double>(want), static_cast<double>(magnitude) * dim * 0x1p-52)
+        << i;
+  }
+}
+
+TEST(CpuOpsTest, CopyColumnsCopiesABlockBetweenStrides) {
+  auto backend = CreateCpuBackend(1);
+  const std::vector<float> src = RandomFloats(4 * 10, 6);
+  std::vector<float> dst(4 * 16, -1.0f);
+  backend->CopyColumns(src.data() + 2, 10, 4, 7, dst.data() + 5, 16);  // src cols 2..8
+  for (int i = 0; i < 4; ++i) {
+    for (int j = 0; j < 16; ++j) {
+      const float want = j >= 5 && j < 12 ? src[i * 10 + 2 + (j - 5)] : -1.0f;
+      ASSERT_EQ(dst[i * 16 + j], want) << i << "," << j;
+    }
+  }
 }
 
 TEST(CpuOpsTest, EmbedAndGatherRowsCopyRows) {

@@ -298,14 +298,16 @@ TEST_F(TensorParallelModelTest, BatchInvariantWithinTheSameSize) {
   step1.AddSequence(ta, 16, std::span(a).first(50), 0, true);
   step1.AddSequence(tb, 16, std::span(b).first(29), 0, true);
   std::vector<float> logits;
-  ASSERT_TRUE(executor.Forward(step1, logits, nullptr).ok());
+  ASSERT_TRUE(executor.Run(step1, nullptr).ok());
+  executor.head().CopyAllLogits(logits);
   ASSERT_EQ(logits.size(), 2u * vocab);
   EXPECT_TRUE(std::equal(logits.begin(), logits.begin() + vocab, a_alone.begin() + 49 * vocab));
   EXPECT_TRUE(std::equal(logits.begin() + vocab, logits.end(), b_alone.begin() + 28 * vocab));
   ForwardBatch step2;
   step2.AddSequence(tb, 16, std::span(b).subspan(29), 29, true);
   step2.AddSequence(ta, 16, std::span(a).subspan(50), 50, true);
-  ASSERT_TRUE(executor.Forward(step2, logits, nullptr).ok());
+  ASSERT_TRUE(executor.Run(step2, nullptr).ok());
+  executor.head().CopyAllLogits(logits);
   EXPECT_TRUE(std::equal(logits.begin(), logits.begin() + vocab, b_alone.begin() + 29 * vocab));
   EXPECT_TRUE(std::equal(logits.begin() + vocab, logits.end(), a_alone.begin() + 69 * vocab));
 }

@@ -16,12 +16,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/philox.h"
 
 namespace ridgeserve {
 namespace {
 
 // Sample on a copy of `logits` (Sample penalizes in place and restores).
-SampleResult SampleCopy(Sampler& sampler, std::vector<float> logits,
+SampledToken SampleCopy(Sampler& sampler, std::vector<float> logits,
                         std::span<const int32_t> context) {
   return sampler.Sample(logits, context);
 }
@@ -372,11 +373,12 @@ TEST(SamplerTest, SameSeedSameSequenceDifferentSeedDifferent) {
   EXPECT_NE(sequence(unseeded), sequence(unseeded));
 }
 
-// The draw is the documented portable scheme: u = (mt19937_64() >> 11) * 2^-53, inverse CDF
-// over the kept tokens, in id order without top-k/top-p and highest first with them (not in
-// whatever order nth_element left). mt19937_64's outputs are fixed by the C++ standard, so
-// this pins the sequence on every platform.
-TEST(SamplerTest, DrawIsInverseCdfOfMt19937_64) {
+// The draw is the documented portable scheme: the n-th draw's u = (Philox4x64-10 at counter
+// (n, 0, 0, 0) under key (seed, 0), first word >> 11) * 2^-53, inverse CDF over the kept
+// tokens, in id order without top-k/top-p and highest first with them (not in whatever order
+// nth_element left). DrawUniform is checked against NumPy's Philox in
+// tests/kernels/sample_test.cc, so this pins the sequence on every platform.
+TEST(SamplerTest, DrawIsInverseCdfOfPhilox) {
   std::vector<float> logits = RandomLogits(50, 5, 1.5f);
   for (int32_t top_k : {0, 10}) {
     SCOPED_TRACE(top_k);
@@ -390,10 +392,9 @@ TEST(SamplerTest, DrawIsInverseCdfOfMt19937_64) {
                        [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
       order.resize(top_k);
     }
-    std::mt19937_64 gen(20240607);
     Sampler sampler(params);
     for (int i = 0; i < 1000; ++i) {
-      const double u = static_cast<double>(gen() >> 11) * 0x1.0p-53;
+      const double u = DrawUniform(20240607, i);
       size_t j = 0;
       for (double cumulative = probs[order[0]]; u >= cumulative && j + 1 < order.size();) {
         cumulative += probs[order[++j]];
@@ -422,7 +423,7 @@ TEST(SamplerTest, LogprobIsLogSoftmaxOfOriginalLogits) {
     params.logprobs = true;
     Sampler sampler(params);
     for (int i = 0; i < 5; ++i) {
-      const SampleResult result = sampler.Sample(logits, context);
+      const SampledToken result = sampler.Sample(logits, context);
       EXPECT_NEAR(result.logprob, logits[result.token] - log_z, 1e-4);
     }
   }
