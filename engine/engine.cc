@@ -918,6 +918,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
         rank->ReserveWorkspace(options.scheduler.max_batch_tokens, max_seqs,
                                std::min<int64_t>(num_blocks, max_seqs * blocks_per_seq)));
   }
+  if (options.decode_graphs && model.tensor_parallel() == 1 &&
+      model.llama->backend().SupportsGraphs()) {
+    model.llama->SetDecodeGraphBuckets(LlamaModel::DecodeGraphBuckets(max_seqs));
+  }
   std::unique_ptr<PagedKvCache> draft_cache;
   if (const DraftModel* draft = options.draft; draft != nullptr) {
     if (model.tensor_parallel() > 1) {
@@ -957,6 +961,8 @@ Engine::~Engine() {
   }
   impl_->cv.notify_all();
   impl_->thread.join();
+  // The model outlives this engine; its recordings would write to this engine's cache.
+  impl_->model.llama->SetDecodeGraphBuckets({});
 }
 
 absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {

@@ -27,6 +27,9 @@ namespace ridgeserve {
 struct EngineOptions {
   SchedulerConfig scheduler;
   int32_t kv_cache_tokens = 65536;  // KV cache capacity (rounded up to whole blocks)
+  // Decode steps replay recorded graphs on a backend that has them, at TP = 1
+  // (LlamaModel::SetDecodeGraphBuckets; --enforce_eager turns this off).
+  bool decode_graphs = true;
   // RidgeFill (maps per request, RidgeFillRequest::maps):
   int32_t ridgefill_sink_tokens = 4;        // first prompt rows that always run exactly
   int32_t ridgefill_min_prompt_tokens = 0;  // shorter prompts run exactly

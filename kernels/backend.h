@@ -16,12 +16,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/dtype.h"
 #include "kernels/sample_spec.h"
 
@@ -122,6 +125,16 @@ struct AttentionRows {
   const int32_t* block_tables = nullptr;         // [block_table_offsets[num_seqs]]
 };
 
+// Ops recorded once and run again (a CUDA graph). Replay runs them with the arguments they
+// were recorded with: pointers stay the same, the ops read whatever those buffers hold then.
+class BackendGraph {
+ public:
+  virtual ~BackendGraph() = default;
+  // False, running nothing, when the backend's own scratch has moved since the recording (a
+  // larger step grew it): record again.
+  virtual bool Replay() = 0;
+};
+
 // A device's memory at the moment of asking (cudaMemGetInfo on CUDA).
 struct DeviceMemory {
   size_t free_bytes = 0;
@@ -196,7 +209,8 @@ class Backend {
   virtual void Rope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
                     const int32_t* positions, const float* inv_freq) = 0;
   // Writes row i of k and v (each num_kv_heads*head_dim wide, rows `ld` apart) to slots[i],
-  // converted to the cache's dtype by ConvertFromFloat (round to nearest even).
+  // converted to the cache's dtype by ConvertFromFloat (round to nearest even). A row whose
+  // slot is negative (a padding row of a graph-sized batch) is not written.
   virtual void StoreKv(const KvLayerView& cache, const float* k, const float* v, int32_t ld,
                        int32_t n, const int32_t* slots) = 0;
   // out[i, h*head_dim...] = softmax(q_h · Kᵀ * scale) · V over the row's causal context,
@@ -232,6 +246,20 @@ class Backend {
   // hold their values again on return (the CPU penalizes in place and undoes it).
   virtual void Sample(float* logits, int32_t vocab, std::span<const SampleSpec> specs,
                       std::span<const int32_t> penalty_ids, SampledToken* out) = 0;
+  // --- graphs ---------------------------------------------------------------------------
+  // Whether Record works (CUDA: yes; the CPU runs every step as it comes).
+  virtual bool SupportsGraphs() const { return false; }
+  // Records the ops `ops` enqueues, without running them, into a graph. The ops must not
+  // allocate, copy between host and backend, or synchronize (run them once unrecorded first, so
+  // every scratch they need exists). Unimplemented where SupportsGraphs is false; `ops`' own
+  // error ends the recording and is returned.
+  virtual absl::StatusOr<std::unique_ptr<BackendGraph>> Record(
+      const std::function<absl::Status()>& ops) {
+    (void)ops;
+    return absl::UnimplementedError(
+        absl::StrCat("the ", std::string(name()), " backend has no graphs"));
+  }
+
   // Allocates Sample's own scratch now for up to `rows` specs over `vocab` ids (the engine
   // does at start), so a call within them allocates nothing; ResourceExhausted naming the
   // bytes when it cannot (CUDA: SampleScratchBytes in kernels/cuda/sample_plan.h, which the

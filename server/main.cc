@@ -141,6 +141,9 @@ ABSL_FLAG(int32_t, kv_cache_tokens, 0,
 ABSL_FLAG(double, gpu_memory_utilization, 0.90,
           "share of each GPU's memory the server may use (weights, workspace, RidgeFill maps, KV "
           "cache), less what other processes hold");
+ABSL_FLAG(bool, enforce_eager, false,
+          "run every step as it comes: no recorded decode graphs on a GPU backend (they replay "
+          "decode steps padded to a bucket of rows; off at tensor parallel > 1 and on the CPU)");
 ABSL_FLAG(bool, enable_prefix_caching, true,
           "reuse the KV blocks of prompt prefixes computed before (per prefill mode)");
 ABSL_FLAG(int32_t, default_exact_tail_tokens, 1024,
@@ -576,6 +579,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   engine_options.scheduler.max_background_step_tokens =
       absl::GetFlag(FLAGS_ridgefill_shadow_step_tokens);
   engine_options.scheduler.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
+  engine_options.decode_graphs = !absl::GetFlag(FLAGS_enforce_eager);
   engine_options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   engine_options.kv_cache_tokens = KvCacheTokens(*model, ranks, kv_dtype);
   engine_options.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/common/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace ridgeserve {
 
@@ -70,10 +71,12 @@ absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int64_t meta_ints) {
     }
     RS_RETURN_IF_ERROR(alloc(perm_, r, sizeof(int32_t)));
     capacity_rows_ = rows;
+    graphs_.clear();  // they point at the old buffers
   }
   if (meta_ints > capacity_meta_) {
     RS_RETURN_IF_ERROR(alloc(step_meta_, meta_ints, sizeof(int32_t)));
     capacity_meta_ = meta_ints;
+    graphs_.clear();
   }
   return absl::OkStatus();
 }
@@ -90,6 +93,7 @@ absl::Status LlamaModel::EnsureLogitRows(int32_t rows) {
     }
   }
   capacity_logit_rows_ = rows;
+  graphs_.clear();
   return absl::OkStatus();
 }
 
@@ -105,17 +109,27 @@ absl::Status LlamaModel::ReserveWorkspace(int32_t rows, int32_t seqs, int64_t bl
 absl::Status LlamaModel::UploadStepMeta(const ForwardBatch& batch) {
   const std::vector<int32_t>& rope =
       batch.rope_positions.empty() ? batch.positions : batch.rope_positions;
-  const std::vector<int32_t>* parts[] = {
-      &batch.tokens,     &batch.positions,           &batch.seq,          &batch.slots,
-      &batch.logit_rows, &batch.block_table_offsets, &batch.block_tables, &rope};
+  const std::vector<int32_t>* parts[] = {&batch.tokens,
+                                         &batch.positions,
+                                         &batch.seq,
+                                         &batch.slots,
+                                         &batch.logit_rows,
+                                         &rope,
+                                         &batch.block_table_offsets,
+                                         &batch.block_tables};
   int64_t total = 0;
   for (const std::vector<int32_t>* part : parts) total += static_cast<int64_t>(part->size());
   RS_RETURN_IF_ERROR(EnsureWorkspace(batch.num_rows(), total));
   host_meta_.clear();
   int32_t* base = step_meta_.as<int32_t>();
-  int32_t** pointers[] = {&meta_.tokens,       &meta_.positions,     &meta_.seq,
-                          &meta_.slots,        &meta_.logit_rows,    &meta_.block_table_offsets,
-                          &meta_.block_tables, &meta_.rope_positions};
+  int32_t** pointers[] = {&meta_.tokens,
+                          &meta_.positions,
+                          &meta_.seq,
+                          &meta_.slots,
+                          &meta_.logit_rows,
+                          &meta_.rope_positions,
+                          &meta_.block_table_offsets,
+                          &meta_.block_tables};
   for (size_t i = 0; i < std::size(parts); ++i) {
     *pointers[i] = base + host_meta_.size();
     host_meta_.insert(host_meta_.end(), parts[i]->begin(), parts[i]->end());
@@ -315,6 +329,7 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
     return absl::InvalidArgumentError(absl::StrCat(
         "forward: ", num_layers, " layers to run, the cache has ", cache.shape().num_layers));
   }
+  if (RunsOnGraph(input, num_layers, capture, profile)) return RunDecodeGraph(input, cache);
   RowPlan plan;
   RS_RETURN_IF_ERROR(PlanRows(input, num_layers, capture, plan));
   const bool any_fill = !plan.groups.empty();
@@ -396,6 +411,100 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
     }
   }
   capture_at(num_layers);
+  return RunLmHead(batch);
+}
+
+void LlamaModel::SetDecodeGraphBuckets(std::vector<int32_t> buckets) {
+  graph_buckets_ = std::move(buckets);
+  graphs_.clear();
+}
+
+std::vector<int32_t> LlamaModel::DecodeGraphBuckets(int32_t max_rows) {
+  std::vector<int32_t> buckets;
+  for (int32_t b = 1; b < max_rows;) {
+    buckets.push_back(b);
+    b = b < 8 ? (b == 4 ? 8 : 2 * b) : b < 64 ? b + 8 : b < 256 ? b + 16 : b + 32;
+  }
+  if (max_rows > 0) buckets.push_back(max_rows);
+  return buckets;
+}
+
+bool LlamaModel::RunsOnGraph(const ForwardBatch& batch, int32_t num_layers,
+                             const ForwardCapture* capture, const ForwardProfile* profile) const {
+  const int32_t n = batch.num_rows();
+  if (graph_buckets_.empty() || n == 0 || n > graph_buckets_.back() || comm_ != nullptr ||
+      capture != nullptr || profile != nullptr || num_layers != config_.num_layers ||
+      !batch.fill_split.empty() ||
+      static_cast<int32_t>(batch.block_table_offsets.size()) != n + 1 ||
+      static_cast<int32_t>(batch.logit_rows.size()) != n) {
+    return false;
+  }
+  for (int32_t i = 0; i < n; ++i) {
+    if (batch.seq[i] != i || batch.logit_rows[i] != i) return false;
+  }
+  return true;
+}
+
+absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache) {
+  const int32_t n = batch.num_rows();
+  const int32_t bucket = *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), n);
+  ForwardBatch& padded = graph_batch_;
+  padded = batch;
+  // The padding rows: each a sequence of its own (so every part of the metadata but the block
+  // tables, which come last, has the same size for every step of the bucket, and a recording
+  // finds it where it was), its table block 0, the row at its position 0.
+  for (int32_t r = n; r < bucket; ++r) {
+    padded.tokens.push_back(0);
+    padded.positions.push_back(0);
+    padded.seq.push_back(r);
+    padded.slots.push_back(-1);
+    padded.logit_rows.push_back(r);
+    if (!padded.rope_positions.empty()) padded.rope_positions.push_back(0);
+    padded.block_tables.push_back(0);
+    padded.block_table_offsets.push_back(static_cast<int32_t>(padded.block_tables.size()));
+  }
+  RS_RETURN_IF_ERROR(UploadStepMeta(padded));
+  // The recordings write to the cache memory they were made with: every layer's K and V.
+  graph_cache_key_.clear();
+  for (int32_t l = 0; l < config_.num_layers; ++l) {
+    const KvLayerView kv = cache.layer(l);
+    graph_cache_key_.push_back(kv.k);
+    graph_cache_key_.push_back(kv.v);
+  }
+  if (graph_cache_key_ != recorded_cache_key_) {
+    graphs_.clear();
+    recorded_cache_key_ = graph_cache_key_;
+  }
+  // UploadStepMeta may have grown (and dropped the recordings) before this lookup.
+  // A recording replays only with the metadata where it was recorded (a check: the layout
+  // above keeps it there).
+  auto recorded = graphs_.find(bucket);
+  if (recorded == graphs_.end() || !(recorded->second.meta == meta_) ||
+      !recorded->second.graph->Replay()) {
+    RS_RETURN_IF_ERROR(RunDecodeRows(padded, cache));
+    if (backend_.SupportsGraphs()) {
+      absl::StatusOr<std::unique_ptr<BackendGraph>> graph =
+          backend_.Record([&] { return RunDecodeRows(padded, cache); });
+      if (graph.ok()) {
+        graphs_[bucket] = {*std::move(graph), meta_};
+      } else {
+        // This step ran unrecorded and is done; later steps run unrecorded too.
+        spdlog::error("decode graphs off: recording {} rows failed: {}", bucket,
+                      graph.status().ToString());
+        graph_buckets_.clear();
+      }
+    }
+  }
+  last_logit_rows_ = n;
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::RunDecodeRows(const ForwardBatch& batch, PagedKvCache& cache) {
+  const int32_t n = batch.num_rows();
+  backend_.Embed(weights_.token_embd, shard_.vocab_begin, meta_.tokens, n, x_.as<float>());
+  for (int32_t l = 0; l < config_.num_layers; ++l) {
+    RS_RETURN_IF_ERROR(RunFullLayer(l, n, cache.layer(l), nullptr, {}));
+  }
   return RunLmHead(batch);
 }
 

@@ -4,6 +4,8 @@
 #define RIDGESERVE_ENGINE_MODEL_LLAMA_H_
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -169,6 +171,20 @@ class LlamaModel {
   // ResourceExhausted naming the bytes when the backend cannot.
   absl::Status ReserveWorkspace(int32_t rows, int32_t seqs, int64_t block_table_ints);
 
+  // Decode steps on graphs (Backend::Record; DESIGN.md "Backend v2"). A step whose rows are each
+  // one new token of a sequence, all with logits wanted in row order, at TP = 1, every layer,
+  // without fills or a capture, runs padded to the smallest bucket >= its rows: padding rows
+  // (token 0 at position 0, each a sequence of its own on block 0) store no K/V and their logits
+  // are not returned. The first step of a bucket runs unrecorded (every scratch then exists) and is
+  // recorded; later ones upload their metadata and replay it. A recording goes stale when a
+  // larger step grows the model's or the backend's scratch, or a step runs on other cache
+  // memory, and is made again. On a backend without graphs the padded steps run unrecorded (the
+  // tests' way to check them on a CPU). Empty `buckets` (the default): every step runs as it comes.
+  void SetDecodeGraphBuckets(std::vector<int32_t> buckets);
+  // The buckets for up to `max_rows` decode rows: 1, 2, 4, then every 8 to 64, every 16 to 256,
+  // every 32 beyond, and max_rows itself last.
+  static std::vector<int32_t> DecodeGraphBuckets(int32_t max_rows);
+
   // The element type of the KV caches made for this model (Engine, SequenceRunner): F32, F16
   // or BF16 (--kv_cache_dtype). Forward takes whatever cache it is given.
   void SetKvCacheDType(DType dtype) { kv_cache_dtype_ = dtype; }
@@ -253,6 +269,14 @@ class LlamaModel {
   // back to exact join the exact prefix (rows permuted on the backend and in the plan, group
   // bounds and num_exact updated); their input rows are added to profile->promoted_rows.
   absl::Status PromoteRows(size_t gi, RowPlan& plan, ForwardProfile* profile);
+  // Whether Run takes the graph path for `batch` (SetDecodeGraphBuckets).
+  bool RunsOnGraph(const ForwardBatch& batch, int32_t num_layers, const ForwardCapture* capture,
+                   const ForwardProfile* profile) const;
+  // The graph path: `batch` padded to its bucket, replayed or run and recorded.
+  absl::Status RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache);
+  // Embedding, every layer in full and the LM head for the uploaded metadata of `batch` (no
+  // fills, no capture): what a decode graph records.
+  absl::Status RunDecodeRows(const ForwardBatch& batch, PagedKvCache& cache);
   // The LM head for the batch's logit rows into logits_ (and at TP > 1 gathered into
   // head_logits_ on rank 0).
   absl::Status RunLmHead(const ForwardBatch& batch);
@@ -268,7 +292,9 @@ class LlamaModel {
   // The LM head's output (and, at TP > 1, the gathered one) for `rows` logit rows; grows on
   // demand.
   absl::Status EnsureLogitRows(int32_t rows);
-  // Uploads the step's metadata in one copy and points meta_ at it.
+  // Uploads the step's metadata in one copy and points meta_ at it. The parts sized by the
+  // rows and sequences come first and the block tables last, so a batch of the same rows and
+  // sequences finds every part where the last one was (graphs replay with these pointers).
   absl::Status UploadStepMeta(const ForwardBatch& batch);
 
   ModelConfig config_;
@@ -292,6 +318,7 @@ class LlamaModel {
     int32_t* block_table_offsets = nullptr;
     int32_t* block_tables = nullptr;
     int32_t* rope_positions = nullptr;
+    bool operator==(const StepMeta&) const = default;
   };
   StepMeta meta_;
   std::vector<int32_t> host_meta_;  // staging for the upload, reused
@@ -313,6 +340,17 @@ class LlamaModel {
   DeviceBuffer gathered_;     // TP > 1: [ranks, logit rows, shard vocab stride]
   DeviceBuffer head_logits_;  // TP > 1, rank 0: [logit rows, vocab]
   int32_t last_logit_rows_ = 0;  // the last Run's
+  // Decode graphs by bucket (SetDecodeGraphBuckets); dropped when the model's scratch or the
+  // cache moves.
+  std::vector<int32_t> graph_buckets_;
+  struct Recording {
+    std::unique_ptr<BackendGraph> graph;
+    StepMeta meta;  // where the recorded ops read the metadata
+  };
+  std::map<int32_t, Recording> graphs_;
+  // Every layer's K and V of the cache graphs_ write to, and of this step's.
+  std::vector<const void*> recorded_cache_key_, graph_cache_key_;
+  ForwardBatch graph_batch_;  // the padded batch, reused
 };
 
 }  // namespace ridgeserve

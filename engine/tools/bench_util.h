@@ -22,9 +22,10 @@ double PrefillFlops(const ModelConfig& c, double n);
 
 // Greedy decode of several sequences together, one forward pass per step (as the engine batches
 // decode rows). Each of `streams` sequences prefills `prompt_tokens` random tokens
-// (RandomTokenIds from `seed` + its index) in its own untimed forward pass; then `steps` steps of
-// all of them together are timed, each row's next token the argmax of its logits. Returns those
-// steps' seconds.
+// (RandomTokenIds from `seed` + its index) in its own untimed forward pass; then, after one
+// untimed step of all of them together (a model on decode graphs records then), `steps` such
+// steps are timed, each row's next token its logits' argmax drawn on the backend
+// (LlamaModel::SampleLogits, as the engine draws). Returns those steps' seconds.
 absl::StatusOr<double> TimeBatchedDecode(LlamaModel& model, int32_t streams, int32_t prompt_tokens,
                                          int32_t steps, uint32_t seed);
 

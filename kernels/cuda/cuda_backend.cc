@@ -8,6 +8,7 @@
 #include <cassert>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -65,6 +66,22 @@ float Bf16ToFloat(uint16_t bits) {
   std::memcpy(&f, &wide, sizeof(f));
   return f;
 }
+
+class CudaBackend;
+
+// An instantiated CUDA graph of the backend's stream.
+class CudaGraph final : public BackendGraph {
+ public:
+  CudaGraph(CudaBackend* backend, cudaGraphExec_t exec, uint64_t scratch_generation)
+      : backend_(backend), exec_(exec), scratch_generation_(scratch_generation) {}
+  ~CudaGraph() override;
+  bool Replay() override;
+
+ private:
+  CudaBackend* backend_;
+  cudaGraphExec_t exec_;
+  uint64_t scratch_generation_;  // the backend's when recorded
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -341,6 +358,33 @@ class CudaBackend final : public Backend {
                                  sizeof(float) * cols, rows, cudaMemcpyDeviceToDevice, stream_));
   }
 
+  bool SupportsGraphs() const override { return true; }
+
+  // Stream capture in thread-local mode: the ops enqueue onto the capturing stream. A call
+  // that would synchronize or copy from pageable memory invalidates the capture (an error
+  // here); an op whose scratch would grow stops the process (Ensure), as any op failure does.
+  absl::StatusOr<std::unique_ptr<BackendGraph>> Record(
+      const std::function<absl::Status()>& ops) override {
+    SetDevice();
+    const uint64_t generation = scratch_generation_;
+    CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    const absl::Status recorded = ops();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream_, &graph);
+    if (!recorded.ok() || ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      cudaGetLastError();  // an invalidated capture leaves a sticky error
+      if (!recorded.ok()) return recorded;
+      return cuda::CudaError(ended, "cudaStreamEndCapture", __FILE__, __LINE__);
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_RETURN_IF_ERROR(instantiated);
+    return std::make_unique<CudaGraph>(this, exec, generation);
+  }
+  uint64_t scratch_generation() const { return scratch_generation_; }
+
   absl::Status ReserveSampling(int32_t rows, int32_t vocab) override {
     SetDevice();
     // Every row sorted: the most the keys and the sort's storage can need.
@@ -387,21 +431,22 @@ class CudaBackend final : public Backend {
     if (sample_host_bytes_ < plan->upload_bytes) {
       if (sample_host_ != nullptr) CUDA_CHECK(cudaFreeHost(sample_host_));
       sample_host_ = nullptr;
-      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_host_), plan->upload_bytes));
-      sample_host_bytes_ = plan->upload_bytes;
+      const size_t bytes = std::max(plan->upload_bytes, 2 * sample_host_bytes_);
+      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_host_), bytes));
+      sample_host_bytes_ = bytes;
     }
     // The staging is free: the previous call waited for its results.
     cuda::PackSampleUpload(*plan, specs, penalty_ids, sample_host_);
-    Ensure(sample_upload_, plan->upload_bytes);
+    EnsureSampling(sample_upload_, plan->upload_bytes);
     CUDA_CHECK(cudaMemcpyAsync(sample_upload_.as<void>(), sample_host_, plan->upload_bytes,
                                cudaMemcpyHostToDevice, stream_));
     const int32_t slots = plan->num_slots();
     const size_t key_bytes = sizeof(uint64_t) * static_cast<size_t>(slots) * vocab;
-    Ensure(sample_keys_[0], key_bytes);
-    Ensure(sample_keys_[1], key_bytes);
+    EnsureSampling(sample_keys_[0], key_bytes);
+    EnsureSampling(sample_keys_[1], key_bytes);
     const size_t temp_bytes = cuda::SampleSortTempBytes(slots, vocab);
-    Ensure(sample_sort_temp_, temp_bytes);
-    Ensure(sample_out_, sizeof(SampledToken) * specs.size());
+    EnsureSampling(sample_sort_temp_, temp_bytes);
+    EnsureSampling(sample_out_, sizeof(SampledToken) * specs.size());
     const uint8_t* upload = sample_upload_.as<const uint8_t>();
     cuda::SampleArgs args;
     args.logits = logits;
@@ -437,8 +482,29 @@ class CudaBackend final : public Backend {
 
   // Grows a scratch buffer to at least `bytes` (never shrinks, so steady-state steps reuse the
   // same addresses). Failure to grow inside an op has no status to go to: fatal.
+  // An op's scratch (graphs record its address): growing it makes recordings stale.
   void Ensure(DeviceBuffer& buffer, size_t bytes) {
     if (buffer.bytes() >= bytes) return;
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream_, &capturing));
+    if (capturing != cudaStreamCaptureStatusNone) {
+      cuda::Fatal(absl::FailedPreconditionError(
+          absl::StrCat("an op needs ", bytes,
+                       " bytes of scratch while its graph is recorded (Record's ops "
+                       "must run once unrecorded first)")));
+    }
+    ++scratch_generation_;  // recorded graphs point at the old buffer
+    GrowTo(buffer, bytes);
+  }
+
+  // Sample's scratch (no graph reads it): grown to at least twice its size, so a penalty list
+  // that lengthens every step does not reallocate every step.
+  void EnsureSampling(DeviceBuffer& buffer, size_t bytes) {
+    if (buffer.bytes() >= bytes) return;
+    GrowTo(buffer, std::max(bytes, 2 * buffer.bytes()));
+  }
+
+  void GrowTo(DeviceBuffer& buffer, size_t bytes) {
     buffer = DeviceBuffer();
     absl::StatusOr<DeviceBuffer> grown = Alloc(bytes);
     if (!grown.ok()) cuda::Fatal(grown.status());
@@ -461,6 +527,7 @@ class CudaBackend final : public Backend {
 
   const int device_;
   const cudaStream_t stream_;
+  uint64_t scratch_generation_ = 0;  // bumped whenever an op's scratch moves
   std::unique_ptr<cuda::CublasLinear> linear_;
   DeviceBuffer gemm_workspace_;       // cuBLASLt's, kGemmWorkspaceBytes
   DeviceBuffer x_bf16_;               // Linear's activations in bf16
@@ -476,6 +543,15 @@ class CudaBackend final : public Backend {
   DeviceBuffer sample_sort_temp_;
   DeviceBuffer sample_out_;
 };
+
+CudaGraph::~CudaGraph() { cudaGraphExecDestroy(exec_); }
+
+bool CudaGraph::Replay() {
+  if (backend_->scratch_generation() != scratch_generation_) return false;
+  CUDA_CHECK(cudaSetDevice(CudaBackendDevice(*backend_)));
+  CUDA_CHECK(cudaGraphLaunch(exec_, static_cast<cudaStream_t>(CudaBackendStream(*backend_))));
+  return true;
+}
 
 }  // namespace
 

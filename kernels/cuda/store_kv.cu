@@ -25,6 +25,7 @@ __global__ void StoreKvKernel(void* cache_k, void* cache_v, const float* k, cons
   for (int64_t e = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; e < total;
        e += int64_t{gridDim.x} * blockDim.x) {
     const int64_t i = e / width, c = e % width;
+    if (slots[i] < 0) continue;  // a padding row (Backend::StoreKv)
     const int64_t dst = int64_t{slots[i]} * width + c;
     Put<kCode>(cache_k, dst, k[i * ld + c]);
     Put<kCode>(cache_v, dst, v[i * ld + c]);

@@ -15,6 +15,7 @@
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
 #include "kernels/sample.h"
+#include "tests/engine/decode_steps.h"
 #include "tests/engine/default_model_fixture.h"
 
 namespace ridgeserve {
@@ -298,6 +299,42 @@ TEST_F(ForwardTest, SampleAndCopyLogitsReadOnlyTheRowsTheRunComputed) {
   const absl::Status ids = model.SampleLogits(std::span(&wrong_ids, 1), two_ids, &token);
   EXPECT_EQ(ids.code(), absl::StatusCode::kOutOfRange);
   EXPECT_NE(ids.message().find("penalty ids [0, 3) of 2"), std::string::npos) << ids;
+}
+
+TEST(DecodeGraphBucketsTest, CoverEveryBatchUpToTheMaximum) {
+  EXPECT_EQ(LlamaModel::DecodeGraphBuckets(64),
+            (std::vector<int32_t>{1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64}));
+  EXPECT_EQ(LlamaModel::DecodeGraphBuckets(3), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(LlamaModel::DecodeGraphBuckets(1), (std::vector<int32_t>{1}));
+  const std::vector<int32_t> wide = LlamaModel::DecodeGraphBuckets(300);
+  EXPECT_EQ(std::vector<int32_t>(wide.end() - 4, wide.end()),
+            (std::vector<int32_t>{240, 256, 288, 300}));
+  EXPECT_TRUE(std::is_sorted(wide.begin(), wide.end()));
+}
+
+// Decode steps padded to a graph bucket (run unrecorded here: the CPU has no graphs) give the
+// real rows bitwise the logits of the unpadded steps, and the padding rows write nothing to
+// the cache: three sequences pad to four rows, two fill their bucket, and seven sequences
+// decode 7, 5, 6, 7 and 5 at a time within the bucket of eight.
+TEST_F(ForwardTest, DecodeStepsPaddedToAGraphBucketMatchUnpaddedOnes) {
+  LlamaModel& model = *model_->llama;
+  const std::vector<std::pair<int32_t, std::vector<int32_t>>> cases = {
+      {3, {3, 3, 3, 3}}, {2, {2, 2, 2}}, {7, {7, 5, 6, 7, 5}}};
+  for (const auto& [seqs, active] : cases) {
+    SCOPED_TRACE(seqs);
+    model.SetDecodeGraphBuckets({});
+    const testing::DecodeRun eager = testing::RunDecodeSteps(model, seqs, active, 21);
+    model.SetDecodeGraphBuckets({1, 2, 4, 8});
+    const testing::DecodeRun padded = testing::RunDecodeSteps(model, seqs, active, 21);
+    model.SetDecodeGraphBuckets({});
+    ASSERT_EQ(padded.logits.size(), eager.logits.size());
+    for (size_t step = 0; step < eager.logits.size(); ++step) {
+      ASSERT_EQ(padded.logits[step].size(), size_t(active[step]) * model_->config.vocab_size);
+      EXPECT_TRUE(padded.logits[step] == eager.logits[step]) << "step " << step;
+    }
+    EXPECT_TRUE(padded.k == eager.k);
+    EXPECT_TRUE(padded.v == eager.v);
+  }
 }
 
 }  // namespace

@@ -9,12 +9,13 @@
 // Prefill: N prompt rows in chunks of --chunk (0: one pass), timed after one untimed warm-up of
 // the same length, best of --repeats; with a peak, its model FLOPs (dense, causal attention, the
 // last row's LM head) as a share of it (MFU). Decode: B sequences together after a
-// --decode_context prompt each, --decode_tokens greedy steps timed, each step's logits copied
-// to the host as serving does; with a peak, the bytes a step must read (the weights but an
-// untied embedding table, and the KV of every sequence at its mean context) as a share of it.
-// RidgeFill: the same prefill with the rows from --ridgefill_sink_tokens to N - --exact_tail_tokens
-// filled at split round(depth x layers) by random pre_norm maps (speed only), against the exact
-// prefill.
+// --decode_context prompt each, --decode_tokens greedy steps timed, drawn on the backend as
+// serving does; on a backend with graphs both eagerly (decode_bB_eager_tokens_per_s) and on
+// decode graphs (decode_bB_tokens_per_s, the server's way); with a peak, the bytes a step must read
+// (the weights but an untied embedding table, and the KV of every sequence at its mean context) as
+// a share of it. RidgeFill: the same prefill with the rows from --ridgefill_sink_tokens to N -
+// --exact_tail_tokens filled at split round(depth x layers) by random pre_norm maps (speed only),
+// against the exact prefill.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -189,9 +190,19 @@ absl::Status Run(std::string& json) {
   const ModelWeights& w = llama.weights();
   const double weight_bytes =
       static_cast<double>(w.resident_bytes() - (w.lm_head.empty() ? 0 : w.token_embd.bytes()));
+  // On a backend with graphs, each batch eagerly and then on decode graphs (the server's way),
+  // in the same run.
+  const bool graphs = llama.backend().SupportsGraphs();
   for (int32_t b : batches) {
-    RS_ASSIGN_OR_RETURN(const double seconds, TimeBatchedDecode(llama, b, context, steps, 2));
     const std::string key = absl::StrCat(", \"decode_b", b);
+    if (graphs) {
+      llama.SetDecodeGraphBuckets({});
+      RS_ASSIGN_OR_RETURN(const double eager, TimeBatchedDecode(llama, b, context, steps, 2));
+      absl::StrAppend(&json, key, "_eager_tokens_per_s\": ", b * steps / eager);
+      llama.SetDecodeGraphBuckets(LlamaModel::DecodeGraphBuckets(b));
+    }
+    RS_ASSIGN_OR_RETURN(const double seconds, TimeBatchedDecode(llama, b, context, steps, 2));
+    llama.SetDecodeGraphBuckets({});
     absl::StrAppend(&json, key, "_tokens_per_s\": ", b * steps / seconds);
     if (peak_gbps > 0) {
       // The KV of every sequence at its mean context over the timed steps.

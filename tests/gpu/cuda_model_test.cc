@@ -1,7 +1,8 @@
 // The default model (SmolLM2-135M-Instruct Q4_1) on CUDA against the CPU backend: logits at
 // every position of the reference prompt (the first 3000 characters of the Apache licence,
 // ~585 tokens, as tests/model/reference_logits_test.py uses), and the CUDA forward's own batch
-// invariance (chunked prefill bitwise equal to one chunk). Skipped without a GPU.
+// invariance (chunked prefill bitwise equal to one chunk; decode graphs bitwise equal to eager
+// steps). Skipped without a GPU.
 //
 // Tolerances. The CPU multiplies by the exact Q4_1 values in f32; CUDA by those values rounded
 // to bf16 (relative error up to 2^-9 per weight) with activations rounded to bf16 before each
@@ -21,12 +22,14 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/model/model.h"
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "tests/engine/decode_steps.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace ridgeserve {
@@ -128,6 +131,31 @@ TEST_F(CudaModelTest, ChunkedPrefillIsBitwiseIdentical) {
   const std::vector<float> whole = AllLogits(*cuda_model_->llama, tokens, 150);
   for (int chunk : {1, 7, 64}) {
     EXPECT_TRUE(AllLogits(*cuda_model_->llama, tokens, chunk) == whole) << "chunk " << chunk;
+  }
+}
+
+// Decode steps replayed from recorded graphs (the first step of each bucket runs and records,
+// the others replay) give bitwise the logits and the cache of the same steps run eagerly: batch
+// sizes that pad (3 -> 4) and fill their bucket (8), and a batch whose size changes within the
+// bucket of eight from step to step (7, 5, 6, 7, 5: the recording must find every part of the
+// step's metadata where it was).
+TEST_F(CudaModelTest, DecodeGraphsMatchEagerStepsBitwise) {
+  LlamaModel& model = *cuda_model_->llama;
+  const std::vector<std::pair<int32_t, std::vector<int32_t>>> cases = {
+      {3, std::vector<int32_t>(6, 3)}, {8, std::vector<int32_t>(6, 8)}, {7, {7, 5, 6, 7, 5}}};
+  for (const auto& [seqs, active] : cases) {
+    SCOPED_TRACE(seqs);
+    model.SetDecodeGraphBuckets({});
+    const testing::DecodeRun eager = testing::RunDecodeSteps(model, seqs, active, 31);
+    model.SetDecodeGraphBuckets(LlamaModel::DecodeGraphBuckets(64));
+    const testing::DecodeRun graphs = testing::RunDecodeSteps(model, seqs, active, 31);
+    model.SetDecodeGraphBuckets({});
+    ASSERT_EQ(graphs.logits.size(), eager.logits.size());
+    for (size_t step = 0; step < eager.logits.size(); ++step) {
+      EXPECT_TRUE(graphs.logits[step] == eager.logits[step]) << "step " << step;
+    }
+    EXPECT_TRUE(graphs.k == eager.k);
+    EXPECT_TRUE(graphs.v == eager.v);
   }
 }
 
