@@ -198,7 +198,6 @@ struct Engine::Impl {
 
   // Engine thread only.
   std::unordered_map<uint64_t, Live> live;
-  std::vector<float> draft_logits;
   int64_t steps = 0;
   double step_seconds = 0.0;
   double forward_seconds = 0.0;
@@ -559,7 +558,12 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   std::vector<int32_t> host_rows;
   for (Draw& d : draws) {
     const Live& l = *d.live;
-    if (!d.kv_first && (!l.forced.empty() || l.capture)) {
+    const bool forced = !d.kv_first && !l.forced.empty();
+    if (forced && !l.capture && !l.sampler.params().logprobs) {
+      d.result.token = l.forced[l.completion_tokens];  // nothing to read from the logits
+      continue;
+    }
+    if (forced || (!d.kv_first && l.capture)) {
       on_host.push_back(&d);
       host_rows.push_back(d.logit_row);
       continue;
@@ -692,8 +696,15 @@ void Engine::Impl::RunDraft(const StepPlan& plan) {
     }
   }
   const Clock::time_point forward_start = Clock::now();
-  const absl::Status status =
-      draft.llama->Forward(batch, *draft_cache, draft_logits, &capture, nullptr);
+  absl::Status status = draft.llama->Run(batch, *draft_cache, &capture, nullptr);
+  // The draft's tokens are greedy, drawn on the backend: one spec per sampled row.
+  std::vector<SampleSpec> greedy;
+  for (const ScheduledChunk& chunk : plan.chunks) {
+    if (!chunk.sample) continue;
+    greedy.push_back({.row = static_cast<int32_t>(greedy.size()), .temperature = 0.0f});
+  }
+  std::vector<SampledToken> drafted(greedy.size());
+  if (status.ok()) status = draft.llama->SampleLogits(greedy, {}, drafted.data());
   forward_seconds += Seconds(forward_start, Clock::now());
   if (!status.ok()) {
     spdlog::error("draft forward failed: {}", status.ToString());
@@ -712,11 +723,9 @@ void Engine::Impl::RunDraft(const StepPlan& plan) {
     }
   }
   std::vector<int32_t> sampled(plan.chunks.size(), -1);
-  const int32_t vocab = draft.config().vocab_size;
-  size_t logit_row = 0;
+  size_t drawn = 0;
   for (size_t i = 0; i < plan.chunks.size(); ++i) {
-    if (!plan.chunks[i].sample) continue;
-    sampled[i] = Argmax(std::span<const float>(draft_logits).subspan(logit_row++ * vocab, vocab));
+    if (plan.chunks[i].sample) sampled[i] = drafted[drawn++].token;
   }
   draft_scheduler->Update(plan, sampled);
   const double seconds = Seconds(start, Clock::now());
@@ -918,8 +927,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
         rank->ReserveWorkspace(options.scheduler.max_batch_tokens, max_seqs,
                                std::min<int64_t>(num_blocks, max_seqs * blocks_per_seq)));
   }
-  if (options.decode_graphs && model.tensor_parallel() == 1 &&
-      model.llama->backend().SupportsGraphs()) {
+  // (At TP > 1 the model runs every step eagerly itself: LlamaModel::SetDecodeGraphBuckets.)
+  if (options.decode_graphs && model.llama->backend().SupportsGraphs()) {
     model.llama->SetDecodeGraphBuckets(LlamaModel::DecodeGraphBuckets(max_seqs));
   }
   std::unique_ptr<PagedKvCache> draft_cache;

@@ -6,7 +6,7 @@
 
 #include "engine/common/status_macros.h"
 #include "engine/draft/attention_scores.h"
-#include "engine/sampling/sampler.h"
+#include "kernels/sample_spec.h"
 
 namespace ridgeserve {
 
@@ -118,7 +118,9 @@ absl::StatusOr<std::vector<int32_t>> RunDraftLookahead(LlamaModel& draft, int32_
   if (scorer != nullptr) layers = scorer->layers();
   std::vector<int32_t> tokens(prompt.begin(), prompt.end());
   std::vector<int32_t> lookahead;
-  std::vector<float> logits;
+  SampleSpec greedy;  // the lookahead is greedy, drawn on the backend
+  greedy.temperature = 0.0f;
+  SampledToken next;
   // Prefill in chunks, then one row per lookahead token but the last.
   for (int32_t begin = 0; static_cast<int32_t>(lookahead.size()) < n;) {
     const int32_t count = begin < P ? std::min(chunk, P - begin) : 1;
@@ -130,7 +132,7 @@ absl::StatusOr<std::vector<int32_t>> RunDraftLookahead(LlamaModel& draft, int32_
     for (int32_t p = begin; scorer != nullptr && p < begin + count; ++p) {
       if (scorer->Wants(p)) capture.query_rows.push_back(p - begin);
     }
-    RS_RETURN_IF_ERROR(draft.Forward(batch, cache, logits, &capture));
+    RS_RETURN_IF_ERROR(draft.Run(batch, cache, &capture));
     for (size_t j = 0; j < capture.query_rows.size(); ++j) {
       for (size_t li = 0; li < layers.size(); ++li) {
         scorer->SetQuery(begin + capture.query_rows[j], static_cast<int32_t>(li),
@@ -139,7 +141,8 @@ absl::StatusOr<std::vector<int32_t>> RunDraftLookahead(LlamaModel& draft, int32_
     }
     begin += count;
     if (begin < P) continue;
-    lookahead.push_back(Argmax(logits));
+    RS_RETURN_IF_ERROR(draft.SampleLogits(std::span(&greedy, 1), {}, &next));
+    lookahead.push_back(next.token);
     tokens.push_back(lookahead.back());
     if (std::find(stop_ids.begin(), stop_ids.end(), lookahead.back()) != stop_ids.end()) break;
   }

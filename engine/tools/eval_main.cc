@@ -295,8 +295,9 @@ class Eval {
                         ParseIntList("streams", absl::GetFlag(FLAGS_streams)));
     const int32_t steps = absl::GetFlag(FLAGS_decode_steps);
     constexpr int32_t kPrompt = 128;
-    if (steps < 1 || kPrompt + steps > model_->config.context_length) {
-      return absl::InvalidArgumentError("--decode_steps: outside 1..context - 128");
+    // TimeBatchedDecode runs one untimed step before the timed ones.
+    if (steps < 1 || kPrompt + steps + 1 > model_->config.context_length) {
+      return absl::InvalidArgumentError("--decode_steps: outside 1..context - 129");
     }
     Json results = Json::array();
     for (int32_t streams : stream_counts) {

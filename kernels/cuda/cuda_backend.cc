@@ -392,30 +392,9 @@ class CudaBackend final : public Backend {
     for (SampleSpec& spec : all) spec.top_p = 0.5f;
     absl::StatusOr<cuda::SamplePlan> plan = cuda::PlanSample(all, vocab, 0);
     if (!plan.ok()) return plan.status();
-    const size_t key_bytes = sizeof(uint64_t) * static_cast<size_t>(rows) * vocab;
-    const size_t sizes[] = {plan->upload_bytes, key_bytes, key_bytes,
-                            cuda::SampleSortTempBytes(rows, vocab),
-                            sizeof(SampledToken) * static_cast<size_t>(rows)};
-    DeviceBuffer* buffers[] = {&sample_upload_, &sample_keys_[0], &sample_keys_[1],
-                               &sample_sort_temp_, &sample_out_};
-    for (size_t i = 0; i < std::size(buffers); ++i) {
-      if (buffers[i]->bytes() >= sizes[i]) continue;
-      *buffers[i] = DeviceBuffer();
-      absl::StatusOr<DeviceBuffer> grown = Alloc(sizes[i]);
-      if (!grown.ok()) {
-        return absl::Status(grown.status().code(),
-                            absl::StrCat("sampling scratch for ", rows, " rows of ", vocab,
-                                         " ids: ", grown.status().message()));
-      }
-      *buffers[i] = std::move(*grown);
-    }
-    if (sample_host_bytes_ < plan->upload_bytes) {
-      if (sample_host_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFreeHost(sample_host_));
-      sample_host_ = nullptr;
-      sample_host_bytes_ = 0;
-      CUDA_RETURN_IF_ERROR(
-          cudaMallocHost(reinterpret_cast<void**>(&sample_host_), plan->upload_bytes));
-      sample_host_bytes_ = plan->upload_bytes;
+    if (absl::Status s = EnsureSampling(*plan, vocab, all.size()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("sampling scratch for ", rows, " rows of ", vocab,
+                                                 " ids: ", s.message()));
     }
     return absl::OkStatus();
   }
@@ -428,25 +407,12 @@ class CudaBackend final : public Backend {
     SetDevice();
     absl::StatusOr<cuda::SamplePlan> plan = cuda::PlanSample(specs, vocab, penalty_ids.size());
     if (!plan.ok()) cuda::Fatal(plan.status());
-    if (sample_host_bytes_ < plan->upload_bytes) {
-      if (sample_host_ != nullptr) CUDA_CHECK(cudaFreeHost(sample_host_));
-      sample_host_ = nullptr;
-      const size_t bytes = std::max(plan->upload_bytes, 2 * sample_host_bytes_);
-      CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&sample_host_), bytes));
-      sample_host_bytes_ = bytes;
-    }
+    if (absl::Status s = EnsureSampling(*plan, vocab, specs.size()); !s.ok()) cuda::Fatal(s);
     // The staging is free: the previous call waited for its results.
     cuda::PackSampleUpload(*plan, specs, penalty_ids, sample_host_);
-    EnsureSampling(sample_upload_, plan->upload_bytes);
     CUDA_CHECK(cudaMemcpyAsync(sample_upload_.as<void>(), sample_host_, plan->upload_bytes,
                                cudaMemcpyHostToDevice, stream_));
     const int32_t slots = plan->num_slots();
-    const size_t key_bytes = sizeof(uint64_t) * static_cast<size_t>(slots) * vocab;
-    EnsureSampling(sample_keys_[0], key_bytes);
-    EnsureSampling(sample_keys_[1], key_bytes);
-    const size_t temp_bytes = cuda::SampleSortTempBytes(slots, vocab);
-    EnsureSampling(sample_sort_temp_, temp_bytes);
-    EnsureSampling(sample_out_, sizeof(SampledToken) * specs.size());
     const uint8_t* upload = sample_upload_.as<const uint8_t>();
     cuda::SampleArgs args;
     args.logits = logits;
@@ -461,7 +427,7 @@ class CudaBackend final : public Backend {
     args.keys[0] = sample_keys_[0].as<uint64_t>();
     args.keys[1] = sample_keys_[1].as<uint64_t>();
     args.sort_temp = sample_sort_temp_.as<void>();
-    args.sort_temp_bytes = temp_bytes;
+    args.sort_temp_bytes = sample_sort_temp_.bytes();
     args.out = sample_out_.as<SampledToken>();
     cuda::LaunchSample(args, stream_);
     CUDA_CHECK(cudaMemcpyAsync(out, args.out, sizeof(SampledToken) * specs.size(),
@@ -494,21 +460,42 @@ class CudaBackend final : public Backend {
                        "must run once unrecorded first)")));
     }
     ++scratch_generation_;  // recorded graphs point at the old buffer
-    GrowTo(buffer, bytes);
+    if (absl::Status s = Grow(buffer, bytes); !s.ok()) cuda::Fatal(s);
   }
 
-  // Sample's scratch (no graph reads it): grown to at least twice its size, so a penalty list
-  // that lengthens every step does not reallocate every step.
-  void EnsureSampling(DeviceBuffer& buffer, size_t bytes) {
-    if (buffer.bytes() >= bytes) return;
-    GrowTo(buffer, std::max(bytes, 2 * buffer.bytes()));
+  // Sample's buffers for `plan` (no graph reads them), each grown to at least twice its size
+  // when it is too small, so a penalty list that lengthens every step does not reallocate
+  // every step.
+  absl::Status EnsureSampling(const cuda::SamplePlan& plan, int32_t vocab, size_t num_specs) {
+    const size_t key_bytes = sizeof(uint64_t) * static_cast<size_t>(plan.num_slots()) * vocab;
+    const size_t sizes[] = {plan.upload_bytes, key_bytes, key_bytes,
+                            cuda::SampleSortTempBytes(plan.num_slots(), vocab),
+                            sizeof(SampledToken) * num_specs};
+    DeviceBuffer* buffers[] = {&sample_upload_, &sample_keys_[0], &sample_keys_[1],
+                               &sample_sort_temp_, &sample_out_};
+    for (size_t i = 0; i < std::size(buffers); ++i) {
+      if (buffers[i]->bytes() >= sizes[i]) continue;
+      const absl::Status grown = Grow(*buffers[i], std::max(sizes[i], 2 * buffers[i]->bytes()));
+      if (!grown.ok()) return grown;
+    }
+    if (sample_host_bytes_ < plan.upload_bytes) {
+      const size_t bytes = std::max(plan.upload_bytes, 2 * sample_host_bytes_);
+      if (sample_host_ != nullptr) CUDA_RETURN_IF_ERROR(cudaFreeHost(sample_host_));
+      sample_host_ = nullptr;
+      sample_host_bytes_ = 0;
+      CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&sample_host_), bytes));
+      sample_host_bytes_ = bytes;
+    }
+    return absl::OkStatus();
   }
 
-  void GrowTo(DeviceBuffer& buffer, size_t bytes) {
+  // Frees `buffer`, then allocates `bytes` in its place.
+  absl::Status Grow(DeviceBuffer& buffer, size_t bytes) {
     buffer = DeviceBuffer();
     absl::StatusOr<DeviceBuffer> grown = Alloc(bytes);
-    if (!grown.ok()) cuda::Fatal(grown.status());
+    if (!grown.ok()) return grown.status();
     buffer = std::move(*grown);
+    return absl::OkStatus();
   }
 
   absl::Status EnsurePackStaging(size_t bytes) {

@@ -221,7 +221,11 @@ __global__ void __launch_bounds__(kThreads) DrawKernel(SampleArgs a, const uint6
   const int32_t vocab = a.vocab;
   const SampleSpec spec = a.specs[blockIdx.x];
   const float* x = a.logits + int64_t{spec.row} * vocab;
-  const PenalizedRow row = Penalize(x, spec, a.penalty_ids, vocab, bits);
+  const int32_t slot = a.sort_slot[blockIdx.x];
+  // A row walking in rank order reads its sorted keys, which SortKeysKernel penalized: it
+  // needs no bitmap here (and never reads `row`).
+  const PenalizedRow row = slot < 0 ? Penalize(x, spec, a.penalty_ids, vocab, bits)
+                                    : PenalizedRow{x, bits, spec.repetition_penalty};
   int32_t token;
   if (spec.temperature == 0.0f) {
     token = BlockArgmax(row, vocab, temp);
@@ -229,7 +233,6 @@ __global__ void __launch_bounds__(kThreads) DrawKernel(SampleArgs a, const uint6
     const double u = DrawUniform(spec.seed, spec.draw);
     const float t = spec.temperature;
     const float min_p = spec.min_p;
-    const int32_t slot = a.sort_slot[blockIdx.x];
     if (slot < 0) {
       // Id order: every id a candidate, weights from the logits.
       const float max = row(BlockArgmax(row, vocab, temp));

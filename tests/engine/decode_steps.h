@@ -4,12 +4,12 @@
 #define RIDGESERVE_TESTS_ENGINE_DECODE_STEPS_H_
 
 #include <cstdint>
-#include <random>
 #include <span>
 #include <vector>
 
 #include "engine/kv/paged_kv_cache.h"
 #include "engine/model/llama.h"
+#include "engine/tools/bench_util.h"
 #include "gtest/gtest.h"
 
 namespace ridgeserve::testing {
@@ -23,7 +23,7 @@ struct DecodeRun {
 // then a decode step per entry of `active`: one token for each of the first active[i]
 // sequences (the others wait, as finished or preempted requests leave a batch). Tokens are
 // drawn from `seed`, not from the logits, so two runs feed the same tokens whatever their
-// logits.
+// logits (RandomTokenIds).
 inline DecodeRun RunDecodeSteps(LlamaModel& model, int32_t num_seqs,
                                 const std::vector<int32_t>& active, uint32_t seed) {
   const int32_t steps = static_cast<int32_t>(active.size());
@@ -42,15 +42,12 @@ inline DecodeRun RunDecodeSteps(LlamaModel& model, int32_t num_seqs,
   for (int32_t l = 0; l < c.num_layers; ++l) {
     cache->CopyFromHost(model.backend(), l, 0, slots, k.data(), v.data());  // no stale bits
   }
-  std::mt19937 gen(seed);
-  std::uniform_int_distribution<int32_t> token(256, c.vocab_size - 1);
   std::vector<BlockTable> tables(num_seqs);
   std::vector<int32_t> lengths(num_seqs);
   ForwardBatch prefill;
   for (int32_t s = 0; s < num_seqs; ++s) {
     EXPECT_TRUE(tables[s].Reserve(cache->pool(), max_len, block_size).ok());
-    std::vector<int32_t> prompt(9 + 10 * s);
-    for (int32_t& t : prompt) t = token(gen);
+    const std::vector<int32_t> prompt = RandomTokenIds(9 + 10 * s, c.vocab_size, seed + s);
     prefill.AddSequence(tables[s], block_size, prompt, 0, true);
     lengths[s] = static_cast<int32_t>(prompt.size());
   }
@@ -59,9 +56,10 @@ inline DecodeRun RunDecodeSteps(LlamaModel& model, int32_t num_seqs,
   EXPECT_TRUE(model.Forward(prefill, *cache, logits).ok());
   for (int32_t step = 0; step < steps; ++step) {
     ForwardBatch batch;
+    const std::vector<int32_t> next =
+        RandomTokenIds(active[step], c.vocab_size, seed + 1000 + step);
     for (int32_t s = 0; s < active[step]; ++s) {
-      const int32_t next[] = {token(gen)};
-      batch.AddSequence(tables[s], block_size, next, lengths[s]++, true);
+      batch.AddSequence(tables[s], block_size, std::span(next).subspan(s, 1), lengths[s]++, true);
     }
     const absl::Status status = model.Forward(batch, *cache, logits);
     EXPECT_TRUE(status.ok()) << status;

@@ -268,28 +268,37 @@ TEST_F(ForwardTest, SampleAndCopyLogitsReadOnlyTheRowsTheRunComputed) {
   absl::StatusOr<PagedKvCache> created = PagedKvCache::Create(
       *backend_, KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, 16, 4});
   ASSERT_TRUE(created.ok()) << created.status();
-  BlockTable table;
+  // Two sequences, so a row mix-up shows: the second row's logits against the same row of
+  // AloneAllLogits (one sequence, its own forward pass).
+  BlockTable table, other;
   ASSERT_TRUE(table.Reserve(created->pool(), 8, 16).ok());
-  const std::vector<int32_t> tokens = RandomTokens(8, 5);
+  ASSERT_TRUE(other.Reserve(created->pool(), 8, 16).ok());
+  const std::vector<int32_t> tokens = RandomTokens(8, 5), second = RandomTokens(6, 6);
+  const std::vector<float> second_alone = AloneAllLogits(second, 6);
+  const std::vector<float> want(second_alone.end() - c.vocab_size, second_alone.end());
   ForwardBatch batch;
   batch.AddSequence(table, 16, tokens, 0, true);
+  batch.AddSequence(other, 16, second, 0, true);
   LlamaModel& model = *model_->llama;
   ASSERT_TRUE(model.Run(batch, *created).ok());
   std::vector<float> row(c.vocab_size);
-  const int32_t first[] = {0};
-  ASSERT_TRUE(model.CopyLogits(first, row.data()).ok());
+  const int32_t row_1[] = {1};
+  ASSERT_TRUE(model.CopyLogits(row_1, row.data()).ok());
+  EXPECT_TRUE(row == want);
   SampleSpec greedy;
   greedy.temperature = 0.0f;
+  greedy.row = 1;
   SampledToken token;
   ASSERT_TRUE(model.SampleLogits(std::span(&greedy, 1), {}, &token).ok());
-  EXPECT_EQ(token.token, Argmax(row));
+  EXPECT_EQ(token.token, Argmax(want));
+  greedy.row = 0;
 
-  const int32_t past[] = {1};
+  const int32_t past[] = {2};
   const absl::Status copy = model.CopyLogits(past, row.data());
   EXPECT_EQ(copy.code(), absl::StatusCode::kOutOfRange);
-  EXPECT_NE(copy.message().find("logit row 1 of 1"), std::string::npos) << copy;
+  EXPECT_NE(copy.message().find("logit row 2 of 2"), std::string::npos) << copy;
   SampleSpec wrong_row = greedy;
-  wrong_row.row = 1;
+  wrong_row.row = 2;
   EXPECT_EQ(model.SampleLogits(std::span(&wrong_row, 1), {}, &token).code(),
             absl::StatusCode::kOutOfRange);
   SampleSpec wrong_ids = greedy;
@@ -299,6 +308,9 @@ TEST_F(ForwardTest, SampleAndCopyLogitsReadOnlyTheRowsTheRunComputed) {
   const absl::Status ids = model.SampleLogits(std::span(&wrong_ids, 1), two_ids, &token);
   EXPECT_EQ(ids.code(), absl::StatusCode::kOutOfRange);
   EXPECT_NE(ids.message().find("penalty ids [0, 3) of 2"), std::string::npos) << ids;
+  const SampleSpec twice[] = {greedy, greedy};
+  SampledToken two[2];
+  EXPECT_EQ(model.SampleLogits(twice, {}, two).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DecodeGraphBucketsTest, CoverEveryBatchUpToTheMaximum) {

@@ -205,8 +205,9 @@ absl::Status Run(std::string& json) {
     llama.SetDecodeGraphBuckets({});
     absl::StrAppend(&json, key, "_tokens_per_s\": ", b * steps / seconds);
     if (peak_gbps > 0) {
-      // The KV of every sequence at its mean context over the timed steps.
-      const double bytes = weight_bytes + b * (context + (steps - 1) / 2.0) * kv_bytes_per_token;
+      // The KV of every sequence at its mean context over the timed steps (1..steps: step 0
+      // is TimeBatchedDecode's untimed one).
+      const double bytes = weight_bytes + b * (context + (steps + 1) / 2.0) * kv_bytes_per_token;
       absl::StrAppend(&json, key, "_hbm_share\": ", bytes * steps / seconds / (peak_gbps * 1e9));
     }
   }
