@@ -153,6 +153,8 @@ class Backend {
   // ResourceExhausted naming the byte count when it cannot be allocated.
   virtual absl::StatusOr<DeviceBuffer> Alloc(size_t bytes) = 0;
   virtual void FreeRaw(void* data) = 0;  // called by DeviceBuffer
+  // A copy of zero bytes does nothing, whatever the pointers (an empty vector's data() may be
+  // null).
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   // Waits for queued work (no-op on CPU).

@@ -69,10 +69,10 @@ class CpuBackend final : public Backend {
   }
   void FreeRaw(void* data) override { std::free(data); }
   void CopyToDevice(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
+    if (bytes != 0) std::memcpy(dst, src, bytes);
   }
   void CopyToHost(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
+    if (bytes != 0) std::memcpy(dst, src, bytes);
   }
   void Synchronize() override {}
 
