@@ -221,8 +221,9 @@ class Backend {
   // order (CPU: online softmax over chunks of 64 positions, running max and sum), so its
   // result depends only on its query, its position and the cached K/V: not on the other rows,
   // on how a prefill is chunked, or on the block size and which blocks hold the tokens.
-  // F16 and BF16 entries are widened to f32 exactly, so the result equals that of an F32 cache
-  // holding the rounded values.
+  // On the CPU, F16 and BF16 entries are widened to f32 exactly, so the result equals that of an
+  // F32 cache holding the rounded values; a backend that rounds more (CUDA on a BF16 cache:
+  // the query and softmax weights in bf16 for tensor cores) says so in its header.
   virtual void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
                          const AttentionRows& rows, float scale, float* out) = 0;
   // out[i, j] = silu(gate_up[i, j]) * gate_up[i, ff + j]; gate_up [n, 2*ff], out [n, ff].

@@ -1,5 +1,6 @@
-// Paged attention kernels: split-KV (+ merge) and walker, computing the same arithmetic tree
-// (attention_plan.h) with the same device functions below.
+// Paged attention kernels of the rows family (attention_plan.h): split-KV (+ merge) and walker,
+// computing the same arithmetic tree with the same device functions below. The merge kernel
+// also folds the slots of the tiles' split-KV form (attention_tiles.cu).
 //
 // A CTA serves one row and one KV head: warp h holds query head kv_head * group + h; the K/V
 // chunk (32 positions) is loaded once into shared memory for all the group's warps (GQA).
@@ -14,6 +15,7 @@
 #include <cmath>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_device.cuh"
 #include "kernels/cuda/cuda_check.h"
 
 namespace ridgeserve::cuda {
@@ -39,15 +41,11 @@ __device__ inline void Clear(State& s) {
 
 // a = a ⊕ b (log-sum-exp merge). Both states are non-empty (finite m).
 __device__ inline void Merge(State& a, const State& b) {
-  const float m = fmaxf(a.m, b.m);
-  const float fa = expf(__fsub_rn(a.m, m));
-  const float fb = expf(__fsub_rn(b.m, m));
-  a.l = __fadd_rn(__fmul_rn(a.l, fa), __fmul_rn(b.l, fb));
+  const MergeWeights w = MergeWeightsOf(a.m, b.m);
+  a.l = Merged(a.l, b.l, w);
 #pragma unroll
-  for (int i = 0; i < kDimsPerLane; ++i) {
-    a.acc[i] = __fadd_rn(__fmul_rn(a.acc[i], fa), __fmul_rn(b.acc[i], fb));
-  }
-  a.m = m;
+  for (int i = 0; i < kDimsPerLane; ++i) a.acc[i] = Merged(a.acc[i], b.acc[i], w);
+  a.m = w.m;
 }
 
 template <int kCode>
@@ -181,8 +179,7 @@ __device__ inline void WriteOutput(const AttentionParams& p, int row, int head, 
 // Workspace state of (row, query head, slot).
 __device__ inline float* StateAt(const AttentionParams& p, float* workspace, int row, int head,
                                  int z) {
-  return workspace +
-         ((int64_t{row} * p.num_heads + head) * kSplitSlots + z) * StateFloats(p.head_dim);
+  return workspace + StateOffset(row, head, z, p.num_heads, p.head_dim);
 }
 
 // grid (num_rows, num_kv_heads), block 32 * group.
@@ -261,6 +258,13 @@ __global__ void MergeKernel(AttentionParams p, const float* workspace) {
   WriteOutput(p, row, head, total);
 }
 
+void LaunchMerge(const AttentionParams& p, const float* workspace, cudaStream_t stream) {
+  const int64_t items = int64_t{p.num_rows} * p.num_heads;
+  const unsigned blocks = static_cast<unsigned>((items + kMergeWarps - 1) / kMergeWarps);
+  MergeKernel<<<blocks, 32 * kMergeWarps, 0, stream>>>(p, workspace);
+  CUDA_CHECK_LAUNCH();
+}
+
 template <int kCode>
 void Launch(const AttentionParams& p, const AttentionPlan& plan, float* workspace,
             cudaStream_t stream) {
@@ -268,10 +272,7 @@ void Launch(const AttentionParams& p, const AttentionPlan& plan, float* workspac
     const dim3 grid(p.num_rows, p.num_kv_heads, kSplitSlots);
     SplitKernel<kCode><<<grid, plan.threads, plan.shared_bytes, stream>>>(p, workspace);
     CUDA_CHECK_LAUNCH();
-    const int64_t items = int64_t{p.num_rows} * p.num_heads;
-    const unsigned blocks = static_cast<unsigned>((items + kMergeWarps - 1) / kMergeWarps);
-    MergeKernel<<<blocks, 32 * kMergeWarps, 0, stream>>>(p, workspace);
-    CUDA_CHECK_LAUNCH();
+    LaunchMerge(p, workspace, stream);
   } else {
     const dim3 grid(p.num_rows, p.num_kv_heads);
     WalkerKernel<kCode><<<grid, plan.threads, plan.shared_bytes, stream>>>(p);
@@ -292,16 +293,22 @@ cudaError_t RaiseSharedLimit(int bytes) {
 
 cudaError_t PrepareAttentionKernels() {
   const int bytes = static_cast<int>(AttentionSharedBytes(kMaxGroup, kMaxHeadDim));
-  for (cudaError_t e :
-       {RaiseSharedLimit<0>(bytes), RaiseSharedLimit<1>(bytes), RaiseSharedLimit<2>(bytes)}) {
+  for (cudaError_t e : {RaiseSharedLimit<0>(bytes), RaiseSharedLimit<1>(bytes),
+                        RaiseSharedLimit<2>(bytes), PrepareAttentionTiles()}) {
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-void LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* workspace,
+void LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, void* workspace_bytes,
                      cudaStream_t stream) {
   if (p.num_rows <= 0) return;
+  float* workspace = static_cast<float*>(workspace_bytes);
+  if (plan.tiles) {
+    LaunchAttentionTiles(p, plan, workspace_bytes, stream);
+    if (plan.split) LaunchMerge(p, workspace, stream);
+    return;
+  }
   switch (p.dtype_code) {
     case 0:
       return Launch<0>(p, plan, workspace, stream);

@@ -31,12 +31,13 @@ struct AttentionParams {
   float* out = nullptr;  // [num_rows, num_heads * head_dim]
 };
 
-// Lifts the kernels' dynamic shared memory limit to what kMaxHeadDim and kMaxGroup need; once
-// per device before the first launch.
+// Lifts the kernels' dynamic shared memory limit to what kMaxHeadDim and kMaxGroup (rows) and
+// the tiles' head dims need; once per device before the first launch.
 cudaError_t PrepareAttentionKernels();
 
-// Runs `plan` (PlanAttention of the same shape). `workspace` holds plan.workspace_bytes.
-void LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, float* workspace,
+// Runs `plan` (PlanAttention of the same shape and cache). `workspace` holds
+// plan.workspace_bytes, 16-byte aligned.
+void LaunchAttention(const AttentionParams& p, const AttentionPlan& plan, void* workspace,
                      cudaStream_t stream);
 
 }  // namespace ridgeserve::cuda

@@ -1,12 +1,15 @@
 #include "kernels/cuda/attention_plan.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
 namespace ridgeserve::cuda {
 
 absl::StatusOr<AttentionPlan> PlanAttention(int32_t num_rows, int32_t num_heads,
-                                            int32_t num_kv_heads, int32_t head_dim) {
+                                            int32_t num_kv_heads, int32_t head_dim,
+                                            DType kv_dtype) {
   if (head_dim <= 0 || head_dim % 32 != 0 || head_dim > kMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA attention: head_dim ", head_dim,
                                                    " is not a multiple of 32 up to ", kMaxHeadDim));
@@ -22,12 +25,23 @@ absl::StatusOr<AttentionPlan> PlanAttention(int32_t num_rows, int32_t num_heads,
   }
   AttentionPlan plan;
   plan.split = num_rows <= kSplitMaxRows;
-  plan.threads = 32 * group;
-  plan.shared_bytes = AttentionSharedBytes(group, head_dim);
+  plan.tiles = kv_dtype == DType::kBF16 && TilesTakeHeadDim(head_dim);
   if (plan.split) {
     plan.workspace_bytes = sizeof(float) * static_cast<size_t>(num_rows) * num_heads * kSplitSlots *
                            StateFloats(head_dim);
   }
+  if (!plan.tiles) {
+    plan.threads = 32 * group;
+    plan.shared_bytes = AttentionSharedBytes(group, head_dim);
+    return plan;
+  }
+  plan.threads = kTileThreads;
+  plan.shared_bytes = TileSharedBytes(head_dim, !plan.split);
+  plan.tile_rows = kTileSlots / group;
+  const int32_t least = (num_rows + plan.tile_rows - 1) / plan.tile_rows;
+  plan.grid_tiles = std::min(num_rows, least + kTileExtraCtas);
+  plan.tile_list_offset = (plan.workspace_bytes + 15) / 16 * 16;
+  plan.workspace_bytes = plan.tile_list_offset + sizeof(int32_t) * (size_t{2} + num_rows);
   return plan;
 }
 

@@ -7,17 +7,32 @@
 // kSplitSlots) consecutive partitions each. The result is, with ⊕ the log-sum-exp merge of two
 // (max, sum, acc) states:
 //   slot z:  G_z = S_{zk} ⊕ S_{zk+1} ⊕ ... (left to right), S_p = the online softmax over
-//            partition p in chunks of kAttentionChunk positions, from a fresh state;
+//            partition p in chunks of positions, from a fresh state;
 //   row:     T = G_0 ⊕ G_1 ⊕ ... (left to right);  out = T.acc / T.sum.
 // Everything here depends on `pos` alone: not on the batch, the kernel, the block size or
-// which blocks hold the tokens. The two kernels (attention.cu) compute exactly this tree:
-//   split-KV: one CTA per (row, kv head, slot) writes G_z to a workspace, a merge kernel
+// which blocks hold the tokens. Two families of kernels compute this tree, each in two forms:
+//   split-KV: one CTA per (rows, kv head, slot) writes G_z to a workspace, a merge kernel
 //             folds the slots in order (decode and small batches: many CTAs per row);
-//   walker:   one CTA per (row, kv head) computes G_0, G_1, ... itself and folds them as
-//             it goes (large batches: enough CTAs already, no workspace).
-// Both use the same device functions with explicitly rounded operations (no FMA contraction
-// left to the compiler), so a row's bits do not depend on which kernel ran it, and the choice
-// below may depend on the batch size.
+//   walker:   one CTA per (rows, kv head) computes G_0, G_1, ... itself and folds them as
+//             it goes (large batches: enough CTAs already).
+// The forms of a family use the same device functions with explicitly rounded operations (no
+// FMA contraction left to the compiler), so a row's bits do not depend on which form ran it,
+// and the choice between them below depends on the batch size. The family depends on the
+// shape and the cache alone:
+//   rows (attention.cu): one row per CTA, one warp per query head, f32 arithmetic on the
+//     cached values widened exactly; chunks of kAttentionChunk keys. F32 and F16 caches, and
+//     head dims the tiles do not take.
+//   tiles (attention_tiles.cu): a BF16 cache and head_dim 64 or 128. A CTA takes a TILE of
+//     consecutive rows of one sequence with all the query heads of one KV head, kTileSlots
+//     (row, head) pairs, and computes scores and softmax · V on tensor cores (mma m16n8k16,
+//     bf16 in, f32 accumulate) in chunks of kTileChunk keys: the query and the softmax
+//     weights are rounded to bf16 for the products (as FlashAttention does), everything else
+//     is f32. Each (row, head) pair's arithmetic is the same in whatever tile and place it
+//     sits: an mma's output element depends only on its own row of A and column of B, a chunk
+//     is aligned to absolute positions, and the keys a row does not see (past its position or
+//     its slot) weigh exactly 0. That last part needs finite cached values: a tile loads keys
+//     up to its highest row's position, and an Inf or NaN in V there would reach the rows
+//     before it through 0 · Inf (the rows family never reads past a row's position).
 #ifndef RIDGESERVE_KERNELS_CUDA_ATTENTION_PLAN_H_
 #define RIDGESERVE_KERNELS_CUDA_ATTENTION_PLAN_H_
 
@@ -25,6 +40,7 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "kernels/dtype.h"
 
 namespace ridgeserve::cuda {
 
@@ -68,19 +84,51 @@ constexpr int SlotEnd(int32_t pos, int z) {
 
 // Floats of one slot state in the workspace: max, sum, then head_dim accumulators.
 constexpr size_t StateFloats(int head_dim) { return 2 + static_cast<size_t>(head_dim); }
+// Where the state of (row, query head, slot z) starts in the split-KV workspace, in floats.
+constexpr size_t StateOffset(int32_t row, int32_t head, int z, int32_t num_heads, int head_dim) {
+  return ((static_cast<size_t>(row) * num_heads + head) * kSplitSlots + z) * StateFloats(head_dim);
+}
+
+// The tiles: (row, query head) pairs per CTA, 16 per warp (an mma's rows), the pairs of
+// kTileSlots / group rows; a row's pairs are its group's heads in order.
+inline constexpr int kTileSlots = 64;
+inline constexpr int kTileThreads = 2 * kTileSlots;
+// Keys per online-softmax step of the tiles (a multiple of 16, an mma's k).
+inline constexpr int kTileChunk = 64;
+static_assert(kPartition % kTileChunk == 0);
+// CTAs along the tile list beyond one per kTileSlots / group rows: a step's tiles are at most
+// rows / tile_rows + one per run of rows of one sequence, and CTAs take the list in strides of
+// the grid, so any number of runs is covered.
+inline constexpr int kTileExtraCtas = 256;
+constexpr bool TilesTakeHeadDim(int head_dim) { return head_dim == 64 || head_dim == 128; }
+// Dynamic shared memory of a tile CTA: the K chunk [kTileChunk, head_dim + 8] and the V chunk
+// transposed [head_dim, kTileChunk + 8] (bf16, padded so the mma operand loads of a warp hit 32
+// distinct banks), the slot state's accumulators [kTileSlots, head_dim + 8] and, walking, the
+// row state's (f32; float2 accesses, conflict-free at that stride).
+constexpr size_t TileSharedBytes(int head_dim, bool walk) {
+  return sizeof(uint16_t) * (static_cast<size_t>(kTileChunk) * (head_dim + 8) +
+                             static_cast<size_t>(head_dim) * (kTileChunk + 8)) +
+         sizeof(float) * kTileSlots * (static_cast<size_t>(head_dim) + 8) * (walk ? 2 : 1);
+}
 
 struct AttentionPlan {
-  bool split = false;          // split-KV + merge, else the walker
-  int threads = 0;             // per CTA: one warp per query head of a KV head's group
-  size_t shared_bytes = 0;     // dynamic shared memory per CTA
-  size_t workspace_bytes = 0;  // split only: num_rows x num_heads x kSplitSlots states
+  bool split = false;           // split-KV + merge, else the walker
+  bool tiles = false;           // the tensor-core tiles, else one row per CTA
+  int threads = 0;              // per CTA (rows: one warp per query head of a KV head's group)
+  size_t shared_bytes = 0;      // dynamic shared memory per CTA
+  int32_t tile_rows = 0;        // tiles: rows per tile at most (kTileSlots / group)
+  int32_t grid_tiles = 0;       // tiles: CTAs along the tile list
+  size_t tile_list_offset = 0;  // tiles: bytes into the workspace where the tile list starts
+  // Split: num_rows x num_heads x kSplitSlots states; tiles: then the tile list (its count and
+  // num_rows + 1 row bounds, int32).
+  size_t workspace_bytes = 0;
 };
 
-// The plan for one call; InvalidArgument for shapes the kernels do not take (head_dim not a
-// multiple of 32 or above kMaxHeadDim, num_heads not a multiple of num_kv_heads, a group
-// above kMaxGroup), naming the value.
+// The plan for one call over a cache of `kv_dtype`; InvalidArgument for shapes the kernels do
+// not take (head_dim not a multiple of 32 or above kMaxHeadDim, num_heads not a multiple of
+// num_kv_heads, a group above kMaxGroup), naming the value.
 absl::StatusOr<AttentionPlan> PlanAttention(int32_t num_rows, int32_t num_heads,
-                                            int32_t num_kv_heads, int32_t head_dim);
+                                            int32_t num_kv_heads, int32_t head_dim, DType kv_dtype);
 
 // Dynamic shared memory of a CTA: q [group, head_dim], K chunk [32, head_dim + 1] (padded so
 // lane j reading key j's element d hits bank (j + d) % 32), V chunk [32, head_dim], chunk

@@ -304,8 +304,8 @@ class CudaBackend final : public Backend {
                  const AttentionRows& rows, float scale, float* out) override {
     if (rows.num_rows <= 0) return;
     SetDevice();
-    absl::StatusOr<cuda::AttentionPlan> plan =
-        cuda::PlanAttention(rows.num_rows, num_heads, cache.num_kv_heads, cache.head_dim);
+    absl::StatusOr<cuda::AttentionPlan> plan = cuda::PlanAttention(
+        rows.num_rows, num_heads, cache.num_kv_heads, cache.head_dim, cache.dtype);
     if (!plan.ok()) cuda::Fatal(plan.status());
     Ensure(attention_workspace_, plan->workspace_bytes);
     cuda::AttentionParams p;
@@ -325,7 +325,7 @@ class CudaBackend final : public Backend {
     p.block_tables = rows.block_tables;
     p.scale = scale;
     p.out = out;
-    cuda::LaunchAttention(p, *plan, attention_workspace_.as<float>(), stream_);
+    cuda::LaunchAttention(p, *plan, attention_workspace_.as<void>(), stream_);
   }
 
   void SwiGlu(const float* gate_up, int32_t n, int32_t ff, float* out) override {
@@ -519,7 +519,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer gemm_workspace_;       // cuBLASLt's, kGemmWorkspaceBytes
   DeviceBuffer x_bf16_;               // Linear's activations in bf16
   DeviceBuffer y_scratch_;            // Linear's output when y's rows are not 16-byte aligned
-  DeviceBuffer attention_workspace_;  // split-KV slot states
+  DeviceBuffer attention_workspace_;  // split-KV slot states, the tile list
   DeviceBuffer pack_device_;          // PackWeight's f32 rows on the device
   float* pack_host_ = nullptr;        // ... and on the host (pinned)
   // Sample's: the upload (pinned on the host, and on the device), keys, sort storage, tokens.

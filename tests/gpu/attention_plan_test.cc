@@ -42,28 +42,82 @@ TEST(AttentionPlanTest, ShortContextsUseOnePartitionPerSlot) {
 }
 
 TEST(AttentionPlanTest, KernelChoiceAndWorkspace) {
-  absl::StatusOr<AttentionPlan> decode = PlanAttention(64, 32, 8, 128);
+  absl::StatusOr<AttentionPlan> decode = PlanAttention(64, 32, 8, 128, DType::kF16);
   ASSERT_TRUE(decode.ok());
   EXPECT_TRUE(decode->split);
   EXPECT_EQ(decode->threads, 4 * 32);
   EXPECT_EQ(decode->workspace_bytes, sizeof(float) * 64 * 32 * kSplitSlots * (2 + 128));
   EXPECT_EQ(decode->shared_bytes, AttentionSharedBytes(4, 128));
 
-  absl::StatusOr<AttentionPlan> prefill = PlanAttention(kSplitMaxRows + 1, 9, 3, 64);
+  absl::StatusOr<AttentionPlan> prefill = PlanAttention(kSplitMaxRows + 1, 9, 3, 64, DType::kF32);
   ASSERT_TRUE(prefill.ok());
   EXPECT_FALSE(prefill->split);
   EXPECT_EQ(prefill->workspace_bytes, 0u);
+
+  EXPECT_FALSE(prefill->tiles);
 
   // Largest supported shape fits an H100/H200 CTA's shared memory (227 KiB opt-in).
   EXPECT_LE(AttentionSharedBytes(kMaxGroup, kMaxHeadDim), size_t{227} << 10);
 }
 
+// A BF16 cache with head_dim 64 or 128 runs on the tiles, any other cache or head dim on rows.
+TEST(AttentionPlanTest, TilesForABf16CacheAndTheirHeadDims) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    for (int32_t head_dim : {32, 64, 96, 128, 256}) {
+      absl::StatusOr<AttentionPlan> plan = PlanAttention(16, 32, 8, head_dim, dtype);
+      ASSERT_TRUE(plan.ok());
+      EXPECT_EQ(plan->tiles, dtype == DType::kBF16 && (head_dim == 64 || head_dim == 128))
+          << "head_dim " << head_dim;
+    }
+  }
+}
+
+TEST(AttentionPlanTest, TileWorkspaceGridAndSharedMemory) {
+  // Decode, Llama-3.1-8B heads: split-KV states, then the tile list 16-byte aligned.
+  absl::StatusOr<AttentionPlan> decode = PlanAttention(64, 32, 8, 128, DType::kBF16);
+  ASSERT_TRUE(decode.ok());
+  EXPECT_TRUE(decode->tiles);
+  EXPECT_TRUE(decode->split);
+  EXPECT_EQ(decode->threads, kTileThreads);
+  EXPECT_EQ(decode->tile_rows, 16);  // 64 (row, head) pairs of a group of 4
+  const size_t states = sizeof(float) * 64 * 32 * kSplitSlots * (2 + 128);
+  EXPECT_EQ(decode->tile_list_offset, states);
+  EXPECT_EQ(decode->workspace_bytes, states + sizeof(int32_t) * (2 + 64));
+  EXPECT_EQ(decode->grid_tiles, 64);  // up to one tile a row
+  EXPECT_EQ(decode->shared_bytes, TileSharedBytes(128, /*walk=*/false));
+
+  // An 8K prefill of SmolLM2's heads (group 3: tiles of 21 rows, 63 pairs): the walker, the
+  // list alone, and 391 + kTileExtraCtas CTAs along it.
+  absl::StatusOr<AttentionPlan> prefill = PlanAttention(8192, 9, 3, 64, DType::kBF16);
+  ASSERT_TRUE(prefill.ok());
+  EXPECT_FALSE(prefill->split);
+  EXPECT_EQ(prefill->tile_rows, 21);
+  EXPECT_EQ(prefill->tile_list_offset, 0u);
+  EXPECT_EQ(prefill->workspace_bytes, sizeof(int32_t) * (2 + 8192));
+  EXPECT_EQ(prefill->grid_tiles, (8192 + 20) / 21 + kTileExtraCtas);
+  EXPECT_EQ(prefill->shared_bytes, TileSharedBytes(64, /*walk=*/true));
+
+  // Odd state sizes still leave the list aligned: 3 rows x 2 heads x 16 slots x 66 floats.
+  absl::StatusOr<AttentionPlan> odd = PlanAttention(3, 2, 1, 64, DType::kBF16);
+  ASSERT_TRUE(odd.ok());
+  EXPECT_EQ(odd->tile_list_offset % 16, 0u);
+  EXPECT_GE(odd->tile_list_offset, sizeof(float) * 3 * 2 * kSplitSlots * 66);
+
+  // The walker's two states at head_dim 128 fit the 227 KiB a CTA may opt into, twice per SM.
+  EXPECT_EQ(TileSharedBytes(128, true), 2u * (64 * 136 + 128 * 72) + 2 * 4 * 64 * 136);
+  EXPECT_LE(2 * TileSharedBytes(128, true), size_t{228} << 10);
+}
+
 TEST(AttentionPlanTest, RefusesShapesTheKernelsDoNotTake) {
-  EXPECT_EQ(PlanAttention(1, 9, 3, 80).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanAttention(1, 9, 3, 512).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanAttention(1, 10, 3, 64).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanAttention(1, 64, 2, 64).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(PlanAttention(1, 32, 2, 64).ok());  // a group of 16
+  EXPECT_EQ(PlanAttention(1, 9, 3, 80, DType::kBF16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanAttention(1, 9, 3, 512, DType::kBF16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanAttention(1, 10, 3, 64, DType::kBF16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanAttention(1, 64, 2, 64, DType::kBF16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(PlanAttention(1, 32, 2, 64, DType::kBF16).ok());  // a group of 16
 }
 
 }  // namespace

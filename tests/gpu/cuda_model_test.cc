@@ -22,6 +22,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -123,14 +124,19 @@ TEST_F(CudaModelTest, LogitsMatchCpuOnTheReferencePrompt) {
 }
 
 // The CUDA forward is batch invariant as far as its kernels are: chunked prefill (1, 7, 64
-// rows a step) gives the logits of one 150-row step bitwise. A failure here with the op tests
-// passing points at Linear's cuBLASLt algorithm (kernels/cuda/linear.h).
+// rows a step) gives the logits of one 150-row step bitwise, on an f32 cache (the rows
+// attention kernels) and on the serving default, bf16 (the tiles). A failure here with the op
+// tests passing points at Linear's cuBLASLt algorithm (kernels/cuda/linear.h).
 TEST_F(CudaModelTest, ChunkedPrefillIsBitwiseIdentical) {
   std::vector<int32_t> tokens = ReferencePrompt(*cpu_model_);
   tokens.resize(150);
-  const std::vector<float> whole = AllLogits(*cuda_model_->llama, tokens, 150);
-  for (int chunk : {1, 7, 64}) {
-    EXPECT_TRUE(AllLogits(*cuda_model_->llama, tokens, chunk) == whole) << "chunk " << chunk;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(std::string(KvCacheDTypeName(dtype)));
+    cuda_model_->llama->SetKvCacheDType(dtype);
+    const std::vector<float> whole = AllLogits(*cuda_model_->llama, tokens, 150);
+    for (int chunk : {1, 7, 64}) {
+      EXPECT_TRUE(AllLogits(*cuda_model_->llama, tokens, chunk) == whole) << "chunk " << chunk;
+    }
   }
 }
 
@@ -141,10 +147,15 @@ TEST_F(CudaModelTest, ChunkedPrefillIsBitwiseIdentical) {
 // step's metadata where it was).
 TEST_F(CudaModelTest, DecodeGraphsMatchEagerStepsBitwise) {
   LlamaModel& model = *cuda_model_->llama;
-  const std::vector<std::pair<int32_t, std::vector<int32_t>>> cases = {
-      {3, std::vector<int32_t>(6, 3)}, {8, std::vector<int32_t>(6, 8)}, {7, {7, 5, 6, 7, 5}}};
-  for (const auto& [seqs, active] : cases) {
-    SCOPED_TRACE(seqs);
+  const std::vector<std::tuple<int32_t, std::vector<int32_t>, DType>> cases = {
+      {3, std::vector<int32_t>(6, 3), DType::kF32},
+      {8, std::vector<int32_t>(6, 8), DType::kF32},
+      {7, {7, 5, 6, 7, 5}, DType::kF32},
+      {7, {7, 5, 6, 7, 5}, DType::kBF16}};
+  for (const auto& [seqs, active, dtype] : cases) {
+    SCOPED_TRACE(::testing::Message()
+                 << seqs << " sequences, " << KvCacheDTypeName(dtype) << " cache");
+    model.SetKvCacheDType(dtype);
     model.SetDecodeGraphBuckets({});
     const testing::DecodeRun eager = testing::RunDecodeSteps(model, seqs, active, 31);
     model.SetDecodeGraphBuckets(LlamaModel::DecodeGraphBuckets(64));

@@ -1,0 +1,42 @@
+// What the two attention kernel families (attention_plan.h) share: the log-sum-exp merge of two
+// states, with explicitly rounded operations so both compute the same bits, and the tiles'
+// launcher, which attention.cu calls.
+#ifndef RIDGESERVE_KERNELS_CUDA_ATTENTION_DEVICE_CUH_
+#define RIDGESERVE_KERNELS_CUDA_ATTENTION_DEVICE_CUH_
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/attention.h"
+
+namespace ridgeserve::cuda {
+
+// a ⊕ b for states with finite maxima am and bm: the merged max and the factors of a's and b's
+// sums and accumulators.
+struct MergeWeights {
+  float m;
+  float wa;
+  float wb;
+};
+
+__device__ inline MergeWeights MergeWeightsOf(float am, float bm) {
+  const float m = fmaxf(am, bm);
+  return {m, expf(__fsub_rn(am, m)), expf(__fsub_rn(bm, m))};
+}
+
+// One merged sum or accumulator: a * wa + b * wb.
+__device__ inline float Merged(float a, float b, const MergeWeights& w) {
+  return __fadd_rn(__fmul_rn(a, w.wa), __fmul_rn(b, w.wb));
+}
+
+// The tiles (attention_tiles.cu) for `plan` (plan.tiles): builds the tile list in the workspace,
+// then runs the walker, or the split-KV CTAs that leave each slot's state in the workspace for
+// attention.cu's merge kernel.
+void LaunchAttentionTiles(const AttentionParams& p, const AttentionPlan& plan, void* workspace,
+                          cudaStream_t stream);
+
+// Lifts the tile kernels' dynamic shared memory limit (PrepareAttentionKernels).
+cudaError_t PrepareAttentionTiles();
+
+}  // namespace ridgeserve::cuda
+
+#endif  // RIDGESERVE_KERNELS_CUDA_ATTENTION_DEVICE_CUH_
