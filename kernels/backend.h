@@ -135,6 +135,17 @@ class BackendGraph {
   virtual bool Replay() = 0;
 };
 
+// The largest step a model will run, for a backend that sizes its ops' own scratch up front
+// (Backend::ReserveOps).
+struct OpShapes {
+  int32_t rows = 0;          // rows of one step
+  int64_t max_linear_k = 0;  // the widest Linear input (hidden, query width, MLP width)
+  int32_t num_heads = 0;     // attention: the rank's query and KV heads, head_dim, cache type
+  int32_t num_kv_heads = 0;
+  int32_t head_dim = 0;
+  DType kv_dtype = DType::kF32;
+};
+
 // A device's memory at the moment of asking (cudaMemGetInfo on CUDA).
 struct DeviceMemory {
   size_t free_bytes = 0;
@@ -261,6 +272,15 @@ class Backend {
     (void)ops;
     return absl::UnimplementedError(
         absl::StrCat("the ", std::string(name()), " backend has no graphs"));
+  }
+
+  // Allocates the ops' own scratch now for steps within `shapes` (the engine does at start), so
+  // such a step's ops allocate nothing (CUDA graphs keep their addresses, and a device that is
+  // full fails the start, not a request); ResourceExhausted naming the bytes when it cannot
+  // (CUDA: PlanOpScratch in kernels/cuda/op_scratch.h, which the memory plan counts).
+  virtual absl::Status ReserveOps(const OpShapes& shapes) {
+    (void)shapes;
+    return absl::OkStatus();
   }
 
   // Allocates Sample's own scratch now for up to `rows` specs over `vocab` ids (the engine

@@ -103,6 +103,9 @@ absl::Status LlamaModel::ReserveWorkspace(int32_t rows, int32_t seqs, int64_t bl
   const int64_t meta_ints = 5 * int64_t{rows} + seqs + (seqs + 1) + block_table_ints;
   RS_RETURN_IF_ERROR(EnsureWorkspace(rows, meta_ints));
   RS_RETURN_IF_ERROR(EnsureLogitRows(seqs));
+  RS_RETURN_IF_ERROR(
+      backend_.ReserveOps(OpShapes{rows, std::max<int64_t>({config_.hidden, q_dim_, ffn_}), heads_,
+                                   kv_heads_, config_.head_dim, kv_cache_dtype_}));
   return shard_.rank == 0 ? backend_.ReserveSampling(seqs, config_.vocab_size) : absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 #include "kernels/cuda/embed.h"
 #include "kernels/cuda/gather_rows.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/op_scratch.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/row_dots.h"
@@ -384,6 +385,23 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaGraph>(this, exec, generation);
   }
   uint64_t scratch_generation() const { return scratch_generation_; }
+
+  absl::Status ReserveOps(const OpShapes& shapes) override {
+    SetDevice();
+    absl::StatusOr<cuda::OpScratch> need = cuda::PlanOpScratch(shapes);
+    if (!need.ok()) return need.status();
+    const std::pair<DeviceBuffer*, size_t> parts[] = {
+        {&x_bf16_, need->linear_input_bytes}, {&attention_workspace_, need->attention_bytes}};
+    for (const auto& [buffer, bytes] : parts) {
+      if (buffer->bytes() >= bytes) continue;
+      ++scratch_generation_;  // recorded graphs point at the old buffer
+      if (absl::Status s = Grow(*buffer, bytes); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("op scratch for steps of ", shapes.rows,
+                                                   " rows: ", s.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
 
   absl::Status ReserveSampling(int32_t rows, int32_t vocab) override {
     SetDevice();

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/op_scratch.h"
 
 namespace ridgeserve::cuda {
 namespace {
@@ -106,6 +107,28 @@ TEST(AttentionPlanTest, TileWorkspaceGridAndSharedMemory) {
   // The walker's two states at head_dim 128 fit the 227 KiB a CTA may opt into, twice per SM.
   EXPECT_EQ(TileSharedBytes(128, true), 2u * (64 * 136 + 128 * 72) + 2 * 4 * 64 * 136);
   EXPECT_LE(2 * TileSharedBytes(128, true), size_t{228} << 10);
+}
+
+// The ops' scratch Backend::ReserveOps allocates and the memory plan counts, from the shape:
+// Llama-3.1-8B heads at 2048 rows (the widest Linear input is the MLP's 14,336 features).
+TEST(OpScratchTest, LinearInputAndTheLargestAttentionWorkspace) {
+  const OpShapes bf16{2048, 14336, 32, 8, 128, DType::kBF16};
+  absl::StatusOr<OpScratch> ops = PlanOpScratch(bf16);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  EXPECT_EQ(ops->linear_input_bytes, size_t{2048} * 14336 * 2);
+  // The split form at 128 rows (states, then its tile list) outweighs the walker's list alone.
+  const size_t states = sizeof(float) * 128 * 32 * kSplitSlots * (2 + 128);
+  EXPECT_EQ(ops->attention_bytes, states + sizeof(int32_t) * (2 + 128));
+  EXPECT_EQ(ops->total(), ops->linear_input_bytes + ops->attention_bytes);
+  // An f16 cache runs the rows kernels: states, no list. Fewer rows than kSplitMaxRows: theirs.
+  OpShapes f16 = bf16;
+  f16.kv_dtype = DType::kF16;
+  EXPECT_EQ(PlanOpScratch(f16)->attention_bytes, states);
+  f16.rows = 16;
+  EXPECT_EQ(PlanOpScratch(f16)->attention_bytes, sizeof(float) * 16 * 32 * kSplitSlots * 130);
+  OpShapes odd = bf16;
+  odd.head_dim = 80;
+  EXPECT_EQ(PlanOpScratch(odd).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(AttentionPlanTest, RefusesShapesTheKernelsDoNotTake) {

@@ -445,7 +445,7 @@ TEST_F(CudaOpsTest, AttentionMatchesCpu) {
       const auto a = on_cpu.Run(*cpu_, c), b = on_gpu.Run(*cuda_, c);
       const double diff = MaxAbsDiff(a, b);
       EXPECT_LE(diff, tiles ? 8e-3 : 2e-5) << "case " << i << (decode ? " decode" : " prefill");
-      std::printf("attention case %zu %s (%s): max |cuda - cpu| = %.3g\n", i,
+      std::printf("[ measured ] attention case %zu %s (%s): max |cuda - cpu| = %.3g\n", i,
                   decode ? "decode" : "prefill", tiles ? "tiles" : "rows", diff);
     }
   }

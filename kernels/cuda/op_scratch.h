@@ -1,0 +1,27 @@
+// The scratch the CUDA backend's ops keep (kernels/cuda/cuda_backend.cc) for steps within a
+// shape, as plain host code: Backend::ReserveOps allocates it at start and the memory plan
+// (engine/parallel/memory_plan.cc) counts it, from this one definition.
+#ifndef RIDGESERVE_KERNELS_CUDA_OP_SCRATCH_H_
+#define RIDGESERVE_KERNELS_CUDA_OP_SCRATCH_H_
+
+#include <cstddef>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace ridgeserve::cuda {
+
+struct OpScratch {
+  size_t linear_input_bytes = 0;  // Linear's bf16 copy of its input: rows x max_linear_k
+  // Attention's workspace: the most any call of up to `rows` rows plans (attention_plan.h),
+  // the split form's states at min(rows, kSplitMaxRows) rows or the tile list at `rows`.
+  size_t attention_bytes = 0;
+  size_t total() const { return linear_input_bytes + attention_bytes; }
+};
+
+// InvalidArgument for an attention shape the kernels do not take (PlanAttention's message).
+absl::StatusOr<OpScratch> PlanOpScratch(const OpShapes& shapes);
+
+}  // namespace ridgeserve::cuda
+
+#endif  // RIDGESERVE_KERNELS_CUDA_OP_SCRATCH_H_
