@@ -15,13 +15,18 @@
 // (the weights but an untied embedding table, and the KV of every sequence at its mean context) as
 // a share of it. RidgeFill: the same prefill with the rows from --ridgefill_sink_tokens to N -
 // --exact_tail_tokens filled at split round(depth x layers) by random pre_norm maps (speed only),
-// against the exact prefill.
+// against the exact prefill. Attention alone (--attention_tokens): one Backend::Attention call
+// over every row of an N-token prompt of the model's attention shape (random queries and K/V),
+// on a cache of the backend's default type and, up to --attention_f16_up_to tokens, an f16 one
+// (on CUDA: the tiles against the rows kernels), best of --repeats after a warm-up, with its
+// FLOPs (4 x heads x head_dim x N(N+1)/2) per second.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +37,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/common/status_macros.h"
+#include "engine/kv/paged_kv_cache.h"
 #include "engine/model/model.h"
 #include "engine/ridgefill/map_file.h"
 #include "engine/ridgefill/ridgefill_maps.h"
@@ -58,6 +64,9 @@ ABSL_FLAG(int32_t, repeats, 3, "timed prefill passes per length (best is reporte
 ABSL_FLAG(double, peak_tflops, 0, "dense peak of the device for MFU (H200 bf16: 989; 0: none)");
 ABSL_FLAG(double, peak_hbm_gbps, 0, "memory bandwidth for decode's share (H200: 4800; 0: none)");
 ABSL_FLAG(int32_t, threads, 0, "cpu backend threads (0: all)");
+ABSL_FLAG(std::string, attention_tokens, "", "prompt lengths to time attention alone at");
+ABSL_FLAG(int32_t, attention_f16_up_to, 0,
+          "also time attention on an f16 cache at lengths up to this (0: never)");
 
 namespace ridgeserve {
 namespace {
@@ -125,6 +134,65 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RandomMaps(LlamaModel& llama,
   return RidgeFillMaps::Load(maps, llama);
 }
 
+DeviceBuffer Upload(Backend& backend, const void* host, size_t bytes) {
+  absl::StatusOr<DeviceBuffer> buffer = backend.Alloc(bytes);
+  if (!buffer.ok()) return DeviceBuffer();
+  backend.CopyToDevice(buffer->as<void>(), host, bytes);
+  return *std::move(buffer);
+}
+
+// Seconds of the best of `repeats` Attention calls over the n rows of one n-token sequence (K/V
+// stored first) on a one-layer cache of `dtype`, after one untimed call.
+absl::StatusOr<double> TimeAttention(Backend& backend, const ModelConfig& c, int32_t n, DType dtype,
+                                     int32_t repeats) {
+  constexpr int32_t kBlock = 16;
+  const int32_t blocks = (n + kBlock - 1) / kBlock;
+  RS_ASSIGN_OR_RETURN(PagedKvCache cache,
+                      PagedKvCache::Create(backend, KvCacheShape{1, c.num_kv_heads, c.head_dim,
+                                                                 kBlock, blocks, dtype}));
+  const int32_t q_width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  auto random = [&](size_t count) {
+    std::vector<float> v(count);
+    for (float& x : v) x = uniform(rng);
+    return v;
+  };
+  std::vector<int32_t> positions(n), seq(n, 0), tables(blocks), offsets = {0, blocks};
+  std::iota(positions.begin(), positions.end(), 0);
+  std::iota(tables.begin(), tables.end(), 0);
+  const std::vector<float> q = random(size_t(n) * q_width), k = random(size_t(n) * kv_width),
+                           v = random(size_t(n) * kv_width);
+  DeviceBuffer dq = Upload(backend, q.data(), sizeof(float) * q.size());
+  DeviceBuffer dk = Upload(backend, k.data(), sizeof(float) * k.size());
+  DeviceBuffer dv = Upload(backend, v.data(), sizeof(float) * v.size());
+  DeviceBuffer dpos = Upload(backend, positions.data(), sizeof(int32_t) * n);
+  DeviceBuffer dseq = Upload(backend, seq.data(), sizeof(int32_t) * n);
+  DeviceBuffer doff = Upload(backend, offsets.data(), sizeof(int32_t) * offsets.size());
+  DeviceBuffer dtab = Upload(backend, tables.data(), sizeof(int32_t) * tables.size());
+  absl::StatusOr<DeviceBuffer> out = backend.Alloc(sizeof(float) * size_t(n) * q_width);
+  if (!out.ok()) return out.status();
+  for (const DeviceBuffer* b : {&dq, &dk, &dv, &dpos, &dseq, &doff, &dtab}) {
+    if (b->as<void>() == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("attention at ", n, " tokens: no memory"));
+    }
+  }
+  const KvLayerView layer = cache.layer(0);
+  backend.StoreKv(layer, dk.as<float>(), dv.as<float>(), kv_width, n, dpos.as<int32_t>());
+  const AttentionRows rows{n, dpos.as<int32_t>(), dseq.as<int32_t>(), doff.as<int32_t>(),
+                           dtab.as<int32_t>()};
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  double best = 1e30;
+  for (int rep = 0; rep <= repeats; ++rep) {
+    backend.Synchronize();
+    const auto start = ToolClock::now();
+    backend.Attention(dq.as<float>(), q_width, c.num_heads, layer, rows, scale, out->as<float>());
+    backend.Synchronize();
+    if (rep > 0) best = std::min(best, SecondsSince(start));  // rep 0 warms up
+  }
+  return best;
+}
+
 absl::Status Run(std::string& json) {
   RS_ASSIGN_OR_RETURN(std::vector<int32_t> lengths,
                       ParseIntList("prefill_tokens", absl::GetFlag(FLAGS_prefill_tokens)));
@@ -179,6 +247,25 @@ absl::Status Run(std::string& json) {
       RS_ASSIGN_OR_RETURN(const double filled, TimePrefill(llama, tokens, chunk, repeats, &fill));
       absl::StrAppend(&json, ", \"ridgefill_", n, "_split", s, "_seconds\": ", filled,
                       ", \"ridgefill_", n, "_split", s, "_speedup\": ", seconds / filled);
+    }
+  }
+
+  RS_ASSIGN_OR_RETURN(std::vector<int32_t> attention_lengths,
+                      ParseIntList("attention_tokens", absl::GetFlag(FLAGS_attention_tokens)));
+  for (int32_t n : attention_lengths) {
+    if (n < 1) return absl::InvalidArgumentError("--attention_tokens: want lengths >= 1");
+    std::vector<DType> dtypes = {backend->DefaultKvCacheDType()};
+    if (n <= absl::GetFlag(FLAGS_attention_f16_up_to) && dtypes[0] != DType::kF16) {
+      dtypes.push_back(DType::kF16);
+    }
+    // Causal: row p attends to p + 1 positions, 2 FLOPs each for the scores and for P V.
+    const double flops = 4.0 * c.num_heads * c.head_dim * (double(n) * (n + 1) / 2);
+    for (DType dtype : dtypes) {
+      RS_ASSIGN_OR_RETURN(const double seconds, TimeAttention(*backend, c, n, dtype, repeats));
+      const std::string key =
+          absl::StrCat(", \"attention_", n, "_", std::string(KvCacheDTypeName(dtype)));
+      absl::StrAppend(&json, key, "_seconds\": ", seconds, key,
+                      "_tflops\": ", flops / seconds / 1e12);
     }
   }
 

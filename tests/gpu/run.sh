@@ -17,7 +17,8 @@
 #     no file): prefill tokens/s and MFU at 8K and 32K (bf16 dense peak 989 TFLOP/s), decode
 #     tokens/s at batch 1, 16 and 64 with the share of HBM bandwidth (4.8 TB/s) the step's reads
 #     take, and RidgeFill prefill time against exact at splits of 1/2 and 2/3 depth (exact tail
-#     1024), if the run has the time left.
+#     1024), and attention alone at 2K, 8K and 32K tokens (TFLOP/s; at 2K also on an f16 cache:
+#     the tensor-core tiles against the f32 rows kernels), if the run has the time left.
 #  5. A summary (also OUT_DIR/summary.txt).
 # The default model must be at $MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf); without
 # it the model test skips and the speed step says "not measured". The file (98 MB) is over the
@@ -147,8 +148,8 @@ if [ "$(elapsed)" -gt 240 ]; then
 elif timeout 200 "$BIN/cuda_bench" --backend cuda --random_config tests/gpu/llama31_8b_config.json \
      --prefill_tokens 8192,32768 --chunk 8192 --decode_batches 1,16,64 --decode_tokens 32 \
      --decode_context 1024 --ridgefill_depths 0.5,0.667 --exact_tail_tokens 1024 --repeats 1 \
-     --peak_tflops 989 --peak_hbm_gbps 4800 \
-     >"$OUT_DIR/bench_8b.json" 2>"$OUT_DIR/bench_8b.err"; then
+     --peak_tflops 989 --peak_hbm_gbps 4800 --attention_tokens 2048,8192,32768 \
+     --attention_f16_up_to 2048 >"$OUT_DIR/bench_8b.json" 2>"$OUT_DIR/bench_8b.err"; then
   say "speed 8B: $(grep '^{' "$OUT_DIR/bench_8b.json" | tail -1)"
 else
   say "speed 8B: FAILED or timed out ($(tail -1 "$OUT_DIR/bench_8b.err"))"
