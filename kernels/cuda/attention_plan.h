@@ -92,7 +92,7 @@ constexpr size_t StateOffset(int32_t row, int32_t head, int z, int32_t num_heads
 // The tiles: (row, query head) pairs per CTA, 16 per warp (an mma's rows), the pairs of
 // kTileSlots / group rows; a row's pairs are its group's heads in order.
 inline constexpr int kTileSlots = 64;
-inline constexpr int kTileThreads = 2 * kTileSlots;
+inline constexpr int kTileThreads = 32 * (kTileSlots / 16);  // 4 warps
 // Keys per online-softmax step of the tiles (a multiple of 16, an mma's k).
 inline constexpr int kTileChunk = 64;
 static_assert(kPartition % kTileChunk == 0);
