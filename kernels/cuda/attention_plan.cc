@@ -1,6 +1,7 @@
 #include "kernels/cuda/attention_plan.h"
 
 #include <algorithm>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -8,8 +9,8 @@
 namespace ridgeserve::cuda {
 
 absl::StatusOr<AttentionPlan> PlanAttention(int32_t num_rows, int32_t num_heads,
-                                            int32_t num_kv_heads, int32_t head_dim,
-                                            DType kv_dtype) {
+                                            int32_t num_kv_heads, int32_t head_dim, DType kv_dtype,
+                                            bool allow_tiles) {
   if (head_dim <= 0 || head_dim % 32 != 0 || head_dim > kMaxHeadDim) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA attention: head_dim ", head_dim,
                                                    " is not a multiple of 32 up to ", kMaxHeadDim));
@@ -25,7 +26,7 @@ absl::StatusOr<AttentionPlan> PlanAttention(int32_t num_rows, int32_t num_heads,
   }
   AttentionPlan plan;
   plan.split = num_rows <= kSplitMaxRows;
-  plan.tiles = kv_dtype == DType::kBF16 && TilesTakeHeadDim(head_dim);
+  plan.tiles = allow_tiles && kv_dtype == DType::kBF16 && TilesTakeHeadDim(head_dim);
   if (plan.split) {
     plan.workspace_bytes = sizeof(float) * static_cast<size_t>(num_rows) * num_heads * kSplitSlots *
                            StateFloats(head_dim);
@@ -43,6 +44,14 @@ absl::StatusOr<AttentionPlan> PlanAttention(int32_t num_rows, int32_t num_heads,
   plan.tile_list_offset = (plan.workspace_bytes + 15) / 16 * 16;
   plan.workspace_bytes = plan.tile_list_offset + sizeof(int32_t) * (size_t{2} + num_rows);
   return plan;
+}
+
+absl::StatusOr<bool> TilesAllowed(const char* env_value) {
+  const std::string value = env_value == nullptr ? "" : env_value;
+  if (value.empty() || value == "auto") return true;
+  if (value == "rows") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("RIDGESERVE_CUDA_ATTENTION=", value, ": want auto or rows"));
 }
 
 }  // namespace ridgeserve::cuda

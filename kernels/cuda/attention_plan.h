@@ -124,11 +124,18 @@ struct AttentionPlan {
   size_t workspace_bytes = 0;
 };
 
-// The plan for one call over a cache of `kv_dtype`; InvalidArgument for shapes the kernels do
-// not take (head_dim not a multiple of 32 or above kMaxHeadDim, num_heads not a multiple of
-// num_kv_heads, a group above kMaxGroup), naming the value.
+// The plan for one call over a cache of `kv_dtype`, on the tiles where they take the shape and
+// `allow_tiles`; InvalidArgument for shapes the kernels do not take (head_dim not a multiple of
+// 32 or above kMaxHeadDim, num_heads not a multiple of num_kv_heads, a group above kMaxGroup),
+// naming the value.
 absl::StatusOr<AttentionPlan> PlanAttention(int32_t num_rows, int32_t num_heads,
-                                            int32_t num_kv_heads, int32_t head_dim, DType kv_dtype);
+                                            int32_t num_kv_heads, int32_t head_dim, DType kv_dtype,
+                                            bool allow_tiles = true);
+
+// RIDGESERVE_CUDA_ATTENTION's value: unset, empty or "auto" lets bf16 caches run on the tiles
+// (true); "rows" keeps every cache on the rows kernels (false), an escape hatch while the tiles
+// are new; anything else is InvalidArgument naming the variable and the values.
+absl::StatusOr<bool> TilesAllowed(const char* env_value);
 
 // Dynamic shared memory of a CTA: q [group, head_dim], K chunk [32, head_dim + 1] (padded so
 // lane j reading key j's element d hits bank (j + d) % 32), V chunk [32, head_dim], chunk

@@ -11,8 +11,10 @@
 //     accumulation (kernels/cuda/linear.h, including what holds for batch invariance), bias
 //     added in f32 after the product.
 //   - Embed gives the bf16 table row widened to f32 (exact).
-//   - Attention: kernels/cuda/attention_plan.h (a fixed tree per row: batch invariant bitwise;
-//     not the CPU's order, so within f32 rounding of it).
+//   - Attention: kernels/cuda/attention_plan.h (a fixed tree per row: batch invariant bitwise).
+//     F32 and F16 caches: the rows kernels, within f32 rounding of the CPU. BF16 caches with
+//     head_dim 64 or 128: the tensor-core tiles, with the query and softmax weights rounded to
+//     bf16 for the products; RIDGESERVE_CUDA_ATTENTION=rows keeps them on the rows kernels.
 //   - RmsNorm, RmsNormHeads, Rope, SwiGlu, Add, GatherRows, StoreKv: the header's arithmetic
 //     per element; only reduction orders (RmsNorm's double sum) differ from the CPU.
 //   - ShiftedRowDots: kernels/cuda/row_dots.h (a fixed tree, not the CPU's j order).

@@ -4,6 +4,7 @@
 #include "kernels/cuda/attention_plan.h"
 
 #include <cstdint>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "kernels/cuda/op_scratch.h"
@@ -71,6 +72,22 @@ TEST(AttentionPlanTest, TilesForABf16CacheAndTheirHeadDims) {
           << "head_dim " << head_dim;
     }
   }
+}
+
+// RIDGESERVE_CUDA_ATTENTION=rows keeps a bf16 cache on the rows kernels; bad values are named.
+TEST(AttentionPlanTest, RowsKernelsOnRequest) {
+  EXPECT_TRUE(*TilesAllowed(nullptr));
+  EXPECT_TRUE(*TilesAllowed(""));
+  EXPECT_TRUE(*TilesAllowed("auto"));
+  EXPECT_FALSE(*TilesAllowed("rows"));
+  const absl::StatusOr<bool> bad = TilesAllowed("flash");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("RIDGESERVE_CUDA_ATTENTION=flash"), std::string::npos);
+  absl::StatusOr<AttentionPlan> rows = PlanAttention(16, 32, 8, 128, DType::kBF16, false);
+  ASSERT_TRUE(rows.ok());
+  EXPECT_FALSE(rows->tiles);
+  EXPECT_EQ(rows->threads, 4 * 32);
+  EXPECT_EQ(rows->workspace_bytes, sizeof(float) * 16 * 32 * kSplitSlots * (2 + 128));
 }
 
 TEST(AttentionPlanTest, TileWorkspaceGridAndSharedMemory) {
