@@ -291,10 +291,11 @@ cudaError_t RaiseSharedLimit(int bytes) {
 
 }  // namespace
 
-cudaError_t PrepareAttentionKernels() {
+cudaError_t PrepareAttentionKernels(bool tiles) {
   const int bytes = static_cast<int>(AttentionSharedBytes(kMaxGroup, kMaxHeadDim));
-  for (cudaError_t e : {RaiseSharedLimit<0>(bytes), RaiseSharedLimit<1>(bytes),
-                        RaiseSharedLimit<2>(bytes), PrepareAttentionTiles()}) {
+  for (cudaError_t e :
+       {RaiseSharedLimit<0>(bytes), RaiseSharedLimit<1>(bytes), RaiseSharedLimit<2>(bytes),
+        tiles ? PrepareAttentionTiles() : cudaSuccess}) {
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;

@@ -31,9 +31,9 @@ struct AttentionParams {
   float* out = nullptr;  // [num_rows, num_heads * head_dim]
 };
 
-// Lifts the kernels' dynamic shared memory limit to what kMaxHeadDim and kMaxGroup (rows) and
-// the tiles' head dims need; once per device before the first launch.
-cudaError_t PrepareAttentionKernels();
+// Lifts the kernels' dynamic shared memory limit to what kMaxHeadDim and kMaxGroup (rows) and,
+// with `tiles`, the tiles' head dims need; once per device before the first launch.
+cudaError_t PrepareAttentionKernels(bool tiles);
 
 // Runs `plan` (PlanAttention of the same shape and cache). `workspace` holds
 // plan.workspace_bytes, 16-byte aligned.

@@ -41,7 +41,9 @@ absl::StatusOr<AttentionPlan> PlanAttention(int32_t num_rows, int32_t num_heads,
   plan.tile_rows = kTileSlots / group;
   const int32_t least = (num_rows + plan.tile_rows - 1) / plan.tile_rows;
   plan.grid_tiles = std::min(num_rows, least + kTileExtraCtas);
-  plan.tile_list_offset = (plan.workspace_bytes + 15) / 16 * 16;
+  // The states are whole multiples of kSplitSlots floats (64 bytes): the list is 16-byte aligned.
+  static_assert(kSplitSlots * sizeof(float) % 16 == 0);
+  plan.tile_list_offset = plan.workspace_bytes;
   plan.workspace_bytes = plan.tile_list_offset + sizeof(int32_t) * (size_t{2} + num_rows);
   return plan;
 }

@@ -100,7 +100,10 @@ static_assert(kPartition % kTileChunk == 0);
 // rows / tile_rows + one per run of rows of one sequence, and CTAs take the list in strides of
 // the grid, so any number of runs is covered.
 inline constexpr int kTileExtraCtas = 256;
-constexpr bool TilesTakeHeadDim(int head_dim) { return head_dim == 64 || head_dim == 128; }
+inline constexpr int kMaxTileHeadDim = 128;
+constexpr bool TilesTakeHeadDim(int head_dim) {
+  return head_dim == 64 || head_dim == kMaxTileHeadDim;
+}
 // Dynamic shared memory of a tile CTA: the K chunk [kTileChunk, head_dim + 8] and the V chunk
 // transposed [head_dim, kTileChunk + 8] (bf16, padded so the mma operand loads of a warp hit 32
 // distinct banks), the slot state's accumulators [kTileSlots, head_dim + 8] and, walking, the

@@ -117,7 +117,16 @@ class CudaBackend final : public Backend {
         cuda::CublasLinear::Create(gemm_workspace_.as<void>(), stream_);
     if (!linear.ok()) return linear.status();
     linear_ = std::move(*linear);
-    CUDA_RETURN_IF_ERROR(cuda::PrepareAttentionKernels());
+    // The tiles run where RIDGESERVE_CUDA_ATTENTION allows them and a CTA may hold their shared
+    // memory (sm_86/89 and consumer parts allow 99 KiB, less than the walker at head_dim 128).
+    absl::StatusOr<bool> tiles = cuda::TilesAllowed(std::getenv("RIDGESERVE_CUDA_ATTENTION"));
+    if (!tiles.ok()) return tiles.status();
+    int shared_optin = 0;
+    CUDA_RETURN_IF_ERROR(
+        cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
+    attention_tiles_ = *tiles && static_cast<size_t>(shared_optin) >=
+                                     cuda::TileSharedBytes(cuda::kMaxTileHeadDim, /*walk=*/true);
+    CUDA_RETURN_IF_ERROR(cuda::PrepareAttentionKernels(attention_tiles_));
     CUDA_RETURN_IF_ERROR(cuda::PrepareSampleKernels());
     return absl::OkStatus();
   }
@@ -306,8 +315,9 @@ class CudaBackend final : public Backend {
                  const AttentionRows& rows, float scale, float* out) override {
     if (rows.num_rows <= 0) return;
     SetDevice();
-    absl::StatusOr<cuda::AttentionPlan> plan = cuda::PlanAttention(
-        rows.num_rows, num_heads, cache.num_kv_heads, cache.head_dim, cache.dtype);
+    absl::StatusOr<cuda::AttentionPlan> plan =
+        cuda::PlanAttention(rows.num_rows, num_heads, cache.num_kv_heads, cache.head_dim,
+                            cache.dtype, attention_tiles_);
     if (!plan.ok()) cuda::Fatal(plan.status());
     Ensure(attention_workspace_, plan->workspace_bytes);
     cuda::AttentionParams p;
@@ -539,6 +549,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer x_bf16_;               // Linear's activations in bf16
   DeviceBuffer y_scratch_;            // Linear's output when y's rows are not 16-byte aligned
   DeviceBuffer attention_workspace_;  // split-KV slot states, the tile list
+  bool attention_tiles_ = false;      // bf16 caches on the tiles (Init)
   DeviceBuffer pack_device_;          // PackWeight's f32 rows on the device
   float* pack_host_ = nullptr;        // ... and on the host (pinned)
   // Sample's: the upload (pinned on the host, and on the device), keys, sort storage, tokens.

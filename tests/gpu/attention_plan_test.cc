@@ -115,11 +115,11 @@ TEST(AttentionPlanTest, TileWorkspaceGridAndSharedMemory) {
   EXPECT_EQ(prefill->grid_tiles, (8192 + 20) / 21 + kTileExtraCtas);
   EXPECT_EQ(prefill->shared_bytes, TileSharedBytes(64, /*walk=*/true));
 
-  // Odd state sizes still leave the list aligned: 3 rows x 2 heads x 16 slots x 66 floats.
+  // The list starts right after the states, 16-byte aligned: 3 rows x 2 heads x 16 slots x 66.
   absl::StatusOr<AttentionPlan> odd = PlanAttention(3, 2, 1, 64, DType::kBF16);
   ASSERT_TRUE(odd.ok());
+  EXPECT_EQ(odd->tile_list_offset, sizeof(float) * 3 * 2 * kSplitSlots * 66);
   EXPECT_EQ(odd->tile_list_offset % 16, 0u);
-  EXPECT_GE(odd->tile_list_offset, sizeof(float) * 3 * 2 * kSplitSlots * 66);
 
   // The walker's two states at head_dim 128 fit the 227 KiB a CTA may opt into, twice per SM.
   EXPECT_EQ(TileSharedBytes(128, true), 2u * (64 * 136 + 128 * 72) + 2 * 4 * 64 * 136);

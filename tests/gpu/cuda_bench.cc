@@ -200,6 +200,11 @@ absl::Status Run(std::string& json) {
                       ParseIntList("decode_batches", absl::GetFlag(FLAGS_decode_batches)));
   RS_ASSIGN_OR_RETURN(std::vector<double> depths,
                       ParseDoubles("ridgefill_depths", absl::GetFlag(FLAGS_ridgefill_depths)));
+  RS_ASSIGN_OR_RETURN(std::vector<int32_t> attention_lengths,
+                      ParseIntList("attention_tokens", absl::GetFlag(FLAGS_attention_tokens)));
+  for (int32_t n : attention_lengths) {
+    if (n < 1) return absl::InvalidArgumentError("--attention_tokens: want lengths >= 1");
+  }
   const std::string name = absl::GetFlag(FLAGS_backend);
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
                       CreateBackend(name, {.num_threads = absl::GetFlag(FLAGS_threads)}));
@@ -250,10 +255,7 @@ absl::Status Run(std::string& json) {
     }
   }
 
-  RS_ASSIGN_OR_RETURN(std::vector<int32_t> attention_lengths,
-                      ParseIntList("attention_tokens", absl::GetFlag(FLAGS_attention_tokens)));
   for (int32_t n : attention_lengths) {
-    if (n < 1) return absl::InvalidArgumentError("--attention_tokens: want lengths >= 1");
     std::vector<DType> dtypes = {backend->DefaultKvCacheDType()};
     if (n <= absl::GetFlag(FLAGS_attention_f16_up_to) && dtypes[0] != DType::kF16) {
       dtypes.push_back(DType::kF16);

@@ -513,7 +513,7 @@ TEST_F(CudaOpsTest, AttentionRowIsBitwiseTheSameAloneInBatchesAndAnyPaging) {
     std::vector<size_t> run = {0, 600, 690};
     for (size_t r = 4000; r < 4100; ++r) run.push_back(r);
     expect_rows(run, RunRowsOf(*cuda_, c, all, run, 40, 1), "in 103 rows");
-    // All rows shuffled (the walker over tiles of one or two rows, more tiles than CTAs).
+    // All rows shuffled (the walker over runs of a few rows: many more tiles than CTAs).
     std::vector<size_t> shuffled(all.positions.size());
     std::iota(shuffled.begin(), shuffled.end(), 0);
     std::shuffle(shuffled.begin(), shuffled.end(), std::mt19937(5));
