@@ -188,6 +188,29 @@ __device__ inline void PartitionRange(int32_t pos, int z, int32_t& begin, int32_
   }
 }
 
+// Folds a state (max bm, sum bl, accumulators src(j): the lane's float2 j) into one held as
+// (m, l) in registers and the lane's float2s dst[4j]: a copy when `first`, else the merge of
+// attention_plan.h (S_p into G, and G into T, the same way).
+template <int kDimTiles, typename Source>
+__device__ inline void Fold(bool first, float& m, float& l, float2* dst, float bm, float bl,
+                            Source src) {
+  if (first) {
+    m = bm;
+    l = bl;
+#pragma unroll
+    for (int j = 0; j < kDimTiles; ++j) dst[4 * j] = src(j);
+    return;
+  }
+  const MergeWeights w = MergeWeightsOf(m, bm);
+  l = Merged(l, bl, w);
+  m = w.m;
+#pragma unroll
+  for (int j = 0; j < kDimTiles; ++j) {
+    const float2 a = dst[4 * j], b = src(j);
+    dst[4 * j] = make_float2(Merged(a.x, b.x, w), Merged(a.y, b.y, w));
+  }
+}
+
 // grid (grid_tiles, num_kv_heads, kWalk ? 1 : kSplitSlots), kTileThreads threads. Walking, it
 // writes `out`; split, slot z's states G_z to `states` (StateOffset).
 template <int kHeadDim, bool kWalk>
@@ -344,24 +367,8 @@ __global__ void __launch_bounds__(kTileThreads)
         const int zr = part / PartitionsPerSlot(q.pos);
         const bool opens = part == SlotBegin(q.pos, zr), closes = part + 1 == SlotEnd(q.pos, zr);
         float2* g = reinterpret_cast<float2*>(sh.slot_acc + m * L::kAccStride + 2 * tig);
-        if (opens) {
-          slot_m[h] = run_m[h];
-          slot_l[h] = run_l[h];
-#pragma unroll
-          for (int j = 0; j < L::kDimTiles; ++j) {
-            g[4 * j] = make_float2(acc[j][2 * h], acc[j][2 * h + 1]);
-          }
-        } else {
-          const MergeWeights w = MergeWeightsOf(slot_m[h], run_m[h]);
-          slot_l[h] = Merged(slot_l[h], run_l[h], w);
-          slot_m[h] = w.m;
-#pragma unroll
-          for (int j = 0; j < L::kDimTiles; ++j) {
-            const float2 old = g[4 * j];
-            g[4 * j] =
-                make_float2(Merged(old.x, acc[j][2 * h], w), Merged(old.y, acc[j][2 * h + 1], w));
-          }
-        }
+        Fold<L::kDimTiles>(opens, slot_m[h], slot_l[h], g, run_m[h], run_l[h],
+                           [&](int j) { return make_float2(acc[j][2 * h], acc[j][2 * h + 1]); });
         if (!closes) continue;
         if (!kWalk) {
           float* dst = states + StateOffset(q.row, q.head, zr, p.num_heads, kHeadDim);
@@ -372,21 +379,8 @@ __global__ void __launch_bounds__(kTileThreads)
           continue;
         }
         float2* t = reinterpret_cast<float2*>(sh.row_acc + m * L::kAccStride + 2 * tig);
-        if (zr == 0) {
-          row_m[h] = slot_m[h];
-          row_l[h] = slot_l[h];
-#pragma unroll
-          for (int j = 0; j < L::kDimTiles; ++j) t[4 * j] = g[4 * j];
-        } else {
-          const MergeWeights w = MergeWeightsOf(row_m[h], slot_m[h]);
-          row_l[h] = Merged(row_l[h], slot_l[h], w);
-          row_m[h] = w.m;
-#pragma unroll
-          for (int j = 0; j < L::kDimTiles; ++j) {
-            const float2 a = t[4 * j], b = g[4 * j];
-            t[4 * j] = make_float2(Merged(a.x, b.x, w), Merged(a.y, b.y, w));
-          }
-        }
+        Fold<L::kDimTiles>(zr == 0, row_m[h], row_l[h], t, slot_m[h], slot_l[h],
+                           [&](int j) { return g[4 * j]; });
       }
     }
     if (kWalk && busy) {
