@@ -177,8 +177,8 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
 };
 
 void ServerMetrics::SetRidgeFillMaps(std::function<RidgeFillMapsSnapshot()> snapshot) {
-  // The collector runs after the registry's families in a scrape, so series added here are
-  // in the next one.
+  // The collector runs before the registry's families in a scrape (Serve), so series added
+  // here are in the same one.
   engine_collector_->ridgefill_ = [this, snapshot = std::move(snapshot)] {
     RidgeFillMapsSnapshot s = snapshot();
     if (shadow_by_split_) {
@@ -328,8 +328,10 @@ absl::Status ServerMetrics::Serve(const std::string& host, int port) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
-  exposer_->RegisterCollectable(registry_);
+  // The engine collector first: shadow series it adds (SetRidgeFillMaps) are then in the
+  // registry's part of the same scrape.
   exposer_->RegisterCollectable(engine_collector_);
+  exposer_->RegisterCollectable(registry_);
   const std::vector<int> ports = exposer_->GetListeningPorts();
   if (ports.empty()) {
     exposer_.reset();
@@ -340,10 +342,9 @@ absl::Status ServerMetrics::Serve(const std::string& host, int port) {
 }
 
 std::string ServerMetrics::Render() const {
-  std::vector<prometheus::MetricFamily> families = registry_->Collect();
-  for (prometheus::MetricFamily& f : engine_collector_->Collect()) {
-    families.push_back(std::move(f));
-  }
+  // In the exposer's order (Serve).
+  std::vector<prometheus::MetricFamily> families = engine_collector_->Collect();
+  for (prometheus::MetricFamily& f : registry_->Collect()) families.push_back(std::move(f));
   return prometheus::TextSerializer().Serialize(families);
 }
 

@@ -66,7 +66,7 @@
 //   ridgeserve_ridgefill_shadow_generated_nll_total{prefill} (their summed -log p in nats
 //   under "ridgefill" and under "exact" prefill: the ratio of the two rates to the tokens'
 //   rate is the per-token NLL of each). With sampling on, each split layer of the maps in
-//   use has these series at 0 from the scrape after the maps are loaded.
+//   use has these series at 0 from the first scrape after the maps are loaded.
 //   ridgeserve_ridgefill_shadow_dropped_total{reason}:
 //   sampled requests whose shadow did not run: "queue" (requests were waiting when it
 //   finished) or "displaced" (the engine dropped it for other requests). Shadows are engine
@@ -142,7 +142,8 @@ class ServerMetrics {
   void RecordShadow(const ShadowComparison& comparison);
   void RecordShadowDropped(const char* reason);
   // From now on every split layer of the maps in use has its shadow series, at 0, from the
-  // scrape after the maps are loaded on: rates then count each split's first comparison.
+  // first scrape after the maps are loaded on: rates then count each split's first comparison
+  // when a scrape comes between the load and that comparison.
   // RidgeFillShadow calls it; needs SetRidgeFillMaps.
   void ExportShadowSeriesBySplit() { shadow_by_split_ = true; }
 

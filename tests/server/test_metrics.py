@@ -247,6 +247,10 @@ def run_checks(checks, srv, prom, text):
         expect_eq(prom.value("ridgeserve_ridgefill_filled_tokens_total"), 0, "filled tokens")
 
     def ridgefill_phase():
+        # shadow_rules_match_totals needs each split's shadow series scraped at 0 before its
+        # first comparison: Prometheus's first scrape can come seconds after the server's.
+        splits = len(srv.info().ridgefill_split_layers)
+        prom.wait_for("count(ridgeserve_ridgefill_shadow_samples_total == 0)", splits)
         filled = 0
         for i, ids in enumerate(long_ids):
             code, resp, details = call(srv.stub, request(ids, ridgefill=True), stream=i == 2)
@@ -439,8 +443,9 @@ def run_checks(checks, srv, prom, text):
               f"{ok:.0f} re-solve(s), the last {last:.2f} s")
 
     def shadow_rules_match_totals():
-        # Every split's shadow series was scraped at 0 before its first comparison, so the
-        # recording rules' 1 h rates count every comparison: their ratios equal the totals'.
+        # Every split's shadow series was scraped at 0 before its first comparison (see
+        # ridgefill_phase), so the recording rules' 1 h rates count every comparison: their
+        # ratios equal the totals'.
         totals = {}
         for name in ("kl_sum", "kl_count", "samples_total", "top1_agreement_total"):
             for labels, v in prom.query(f"ridgeserve_ridgefill_shadow_{name}"):
