@@ -919,17 +919,21 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
                                           block_size, num_blocks, rank->kv_cache_dtype()}));
     caches.push_back(std::make_unique<PagedKvCache>(std::move(cache)));
   }
-  // A step's scratch for the step budget, now: a step within it allocates no workspace.
+  // A step's scratch for the step budget, now: a step within it allocates no workspace. Each
+  // sequence's block table as long as the context (prefix caching shares blocks, so the tables
+  // of a step can name more blocks than the cache has).
+  const int32_t max_rows = options.scheduler.max_batch_tokens;
   const int32_t max_seqs = options.scheduler.max_running_requests;
   const int64_t blocks_per_seq = (int64_t{c.context_length} + block_size - 1) / block_size;
   for (LlamaModel* rank : model.rank_models()) {
-    RS_RETURN_IF_ERROR(
-        rank->ReserveWorkspace(options.scheduler.max_batch_tokens, max_seqs,
-                               std::min<int64_t>(num_blocks, max_seqs * blocks_per_seq)));
+    RS_RETURN_IF_ERROR(rank->ReserveWorkspace(max_rows, max_seqs, max_seqs * blocks_per_seq));
   }
   // (At TP > 1 the model runs every step eagerly itself: LlamaModel::SetDecodeGraphBuckets.)
+  // A decode step has at most max_seqs rows and the budget's; padded to its bucket it stays
+  // within both, and so within the reservation.
   if (options.decode_graphs && model.llama->backend().SupportsGraphs()) {
-    model.llama->SetDecodeGraphBuckets(LlamaModel::DecodeGraphBuckets(max_seqs));
+    model.llama->SetDecodeGraphBuckets(
+        LlamaModel::DecodeGraphBuckets(std::min(max_seqs, max_rows)));
   }
   std::unique_ptr<PagedKvCache> draft_cache;
   if (const DraftModel* draft = options.draft; draft != nullptr) {
@@ -954,6 +958,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
                          (options.draft_kv_cache_tokens + block_size - 1) / block_size,
                          model.llama->kv_cache_dtype()}));
     draft_cache = std::make_unique<PagedKvCache>(std::move(dc));
+    // A draft with its own weights steps in its own workspace (self:K in the target's); the
+    // draft's scheduler has the target's budget.
+    if (draft->llama != model.llama) {
+      RS_RETURN_IF_ERROR(
+          draft->llama->ReserveWorkspace(max_rows, max_seqs, max_seqs * blocks_per_seq));
+    }
   }
   auto impl = std::make_unique<Impl>(model, options, std::move(caches), std::move(draft_cache));
   Impl* raw = impl.get();

@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -138,9 +139,10 @@ class BackendGraph {
 // The largest step a model will run, for a backend that sizes its ops' own scratch up front
 // (Backend::ReserveOps).
 struct OpShapes {
-  int32_t rows = 0;          // rows of one step
-  int64_t max_linear_k = 0;  // the widest Linear input (hidden, query width, MLP width)
-  int32_t num_heads = 0;     // attention: the rank's query and KV heads, head_dim, cache type
+  int32_t rows = 0;                    // rows of one step
+  int64_t max_linear_k = 0;            // the widest Linear input (hidden, query width, MLP width)
+  std::vector<int64_t> linear_widths;  // every Linear's output width (its weight's rows)
+  int32_t num_heads = 0;  // attention: the rank's query and KV heads, head_dim, cache type
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
   DType kv_dtype = DType::kF32;

@@ -428,23 +428,54 @@ void CheckModelFits(const std::string& model_path, const RankGroup& ranks, DType
   }
 }
 
+// What a SpecPC / SpecKV draft still allocates on the device when the engine starts: its own KV
+// cache (--draft_kv_cache_tokens, whole blocks, of its layers) and, for a draft with its own
+// weights, its step workspace (self:K steps in the target's).
+absl::StatusOr<double> DraftDeviceBytes(const DraftModel& draft, DType kv_dtype) {
+  const ModelConfig& d = draft.config();
+  const int64_t block = SchedulerConfig{}.block_size;  // the engine's (the server's default)
+  const int64_t tokens = (absl::GetFlag(FLAGS_draft_kv_cache_tokens) + block - 1) / block * block;
+  const KvCacheShape cache{.num_layers = draft.num_layers,
+                           .num_kv_heads = d.num_kv_heads,
+                           .head_dim = d.head_dim,
+                           .dtype = kv_dtype};
+  double bytes = static_cast<double>(tokens) * static_cast<double>(cache.BytesPerToken());
+  if (draft.owned != nullptr) {
+    RS_ASSIGN_OR_RETURN(const double workspace,
+                        PlanWorkspaceBytes(d, DevicePlanRequest(d, 1, kv_dtype)));
+    bytes += workspace;
+  }
+  return bytes;
+}
+
 // The KV cache's capacity in tokens: --kv_cache_tokens on the CPU (0: 65536). On a device,
 // after the weights (and a draft's) are loaded: what --gpu_memory_utilization leaves of each
-// rank's memory after what is in use, the workspace, the reserve and the RidgeFill maps (their
-// f32 file's size: room for the bf16 maps twice, as a reload holds old and new), the fewest over
-// the ranks, capped at --kv_cache_tokens when set. Too little: one line, exit 2.
-int32_t KvCacheTokens(const Model& model, const RankGroup& ranks, DType kv_dtype) {
+// rank's memory after what is in use, the workspace, the reserve, the RidgeFill maps (their
+// f32 file's size: room for the bf16 maps twice, as a reload holds old and new) and the draft's
+// cache and workspace, the fewest over the ranks, capped at --kv_cache_tokens when set. Too
+// little: one line, exit 2.
+int32_t KvCacheTokens(const Model& model, const RankGroup& ranks, DType kv_dtype,
+                      const DraftModel* draft) {
   constexpr int32_t kCpuDefault = 65536;
   const int32_t cap = absl::GetFlag(FLAGS_kv_cache_tokens);
   if (!ranks.backends.front()->MemoryInfo()) return cap > 0 ? cap : kCpuDefault;
   std::error_code ec;
   const uintmax_t maps_bytes = std::filesystem::file_size(absl::GetFlag(FLAGS_ridgefill_maps), ec);
-  const double maps = ec ? 0.0 : static_cast<double>(maps_bytes);
+  double other = ec ? 0.0 : static_cast<double>(maps_bytes);
+  if (draft != nullptr) {
+    const absl::StatusOr<double> draft_bytes = DraftDeviceBytes(*draft, kv_dtype);
+    if (!draft_bytes.ok()) {
+      spdlog::error("--draft_model {}: {}", draft->name,
+                    std::string(draft_bytes.status().message()));
+      std::exit(2);
+    }
+    other += *draft_bytes;
+  }
   const MemoryPlanRequest request = DevicePlanRequest(model.config, ranks.size(), kv_dtype);
   int64_t tokens = std::numeric_limits<int32_t>::max();
   for (int r = 0; r < ranks.size(); ++r) {
     const DeviceMemory memory = *ranks.backends[r]->MemoryInfo();
-    const absl::StatusOr<int64_t> rank = DeviceKvTokens(model.config, request, memory, maps, cap);
+    const absl::StatusOr<int64_t> rank = DeviceKvTokens(model.config, request, memory, other, cap);
     if (!rank.ok()) {
       spdlog::error("KV cache on GPU {}: {}", r, std::string(rank.status().message()));
       std::exit(2);
@@ -581,7 +612,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   engine_options.scheduler.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   engine_options.decode_graphs = !absl::GetFlag(FLAGS_enforce_eager);
   engine_options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
-  engine_options.kv_cache_tokens = KvCacheTokens(*model, ranks, kv_dtype);
+  engine_options.kv_cache_tokens = KvCacheTokens(*model, ranks, kv_dtype, draft.get());
   engine_options.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   engine_options.draft = draft.get();
   engine_options.draft_kv_cache_tokens = absl::GetFlag(FLAGS_draft_kv_cache_tokens);

@@ -97,15 +97,16 @@ absl::Status LlamaModel::EnsureLogitRows(int32_t rows) {
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::ReserveWorkspace(int32_t rows, int32_t seqs, int64_t block_table_ints) {
+int64_t LlamaModel::StepMetaInts(int32_t rows, int32_t seqs, int64_t block_table_ints) {
   // UploadStepMeta's parts: five of a row each (token, position, sequence, slot, RoPE position)
   // and the logit rows, the block-table offsets and the block tables.
-  const int64_t meta_ints = 5 * int64_t{rows} + seqs + (seqs + 1) + block_table_ints;
-  RS_RETURN_IF_ERROR(EnsureWorkspace(rows, meta_ints));
+  return 5 * int64_t{rows} + seqs + (seqs + 1) + block_table_ints;
+}
+
+absl::Status LlamaModel::ReserveWorkspace(int32_t rows, int32_t seqs, int64_t block_table_ints) {
+  RS_RETURN_IF_ERROR(EnsureWorkspace(rows, StepMetaInts(rows, seqs, block_table_ints)));
   RS_RETURN_IF_ERROR(EnsureLogitRows(seqs));
-  RS_RETURN_IF_ERROR(
-      backend_.ReserveOps(OpShapes{rows, std::max<int64_t>({config_.hidden, q_dim_, ffn_}), heads_,
-                                   kv_heads_, config_.head_dim, kv_cache_dtype_}));
+  RS_RETURN_IF_ERROR(backend_.ReserveOps(StepOpShapes(config_, shard_, rows, kv_cache_dtype_)));
   return shard_.rank == 0 ? backend_.ReserveSampling(seqs, config_.vocab_size) : absl::OkStatus();
 }
 

@@ -170,6 +170,8 @@ class LlamaModel {
   // a device without room for them fails the start, not a request. A larger step still grows them.
   // ResourceExhausted naming the bytes when the backend cannot.
   absl::Status ReserveWorkspace(int32_t rows, int32_t seqs, int64_t block_table_ints);
+  // The ints of such a step's metadata (one upload a step: UploadStepMeta).
+  static int64_t StepMetaInts(int32_t rows, int32_t seqs, int64_t block_table_ints);
 
   // Decode steps on graphs (Backend::Record; DESIGN.md "Backend v2"). A step whose rows are each
   // one new token of a sequence, all with logits wanted in row order, at TP = 1, every layer,

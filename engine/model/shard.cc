@@ -46,4 +46,19 @@ absl::StatusOr<ShardLayout> PlanShard(const ModelConfig& c, int32_t rank, int32_
   return s;
 }
 
+OpShapes StepOpShapes(const ModelConfig& c, const ShardLayout& s, int32_t rows, DType kv_dtype) {
+  const int64_t q = s.q_dim(c.head_dim), kv = s.kv_dim(c.head_dim);
+  return OpShapes{
+      .rows = rows,
+      .max_linear_k = std::max<int64_t>({c.hidden, q, s.ffn}),
+      // QKV, the O projection and down (hidden), gate-up, the LM head; RidgeFill's maps output
+      // hidden or K/V (2 kv).
+      .linear_widths = {q + 2 * kv, c.hidden, 2 * int64_t{s.ffn}, s.vocab, 2 * kv},
+      .num_heads = s.num_heads,
+      .num_kv_heads = s.num_kv_heads,
+      .head_dim = c.head_dim,
+      .kv_dtype = kv_dtype,
+  };
+}
+
 }  // namespace ridgeserve

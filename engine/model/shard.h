@@ -9,6 +9,8 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model/config.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
 
 namespace ridgeserve {
 
@@ -39,6 +41,12 @@ struct ShardLayout {
 // multiple of them. A weight whose column slice does not fall on whole quantization blocks
 // is refused when it is loaded (naming the tensor).
 absl::StatusOr<ShardLayout> PlanShard(const ModelConfig& config, int32_t rank, int32_t size);
+
+// The largest step a rank runs, for Backend::ReserveOps: `rows` rows through its Linears (the
+// layers' projections, its LM head slice, RidgeFill's maps) and its attention on a `kv_dtype`
+// cache.
+OpShapes StepOpShapes(const ModelConfig& config, const ShardLayout& shard, int32_t rows,
+                      DType kv_dtype);
 
 }  // namespace ridgeserve
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/common/status_macros.h"
+#include "engine/model/llama.h"
 #include "kernels/cuda/op_scratch.h"
 #include "kernels/cuda/sample_plan.h"
 
@@ -39,20 +40,34 @@ absl::StatusOr<MemoryPlan> PlanShape(const ModelConfig& c, const MemoryPlanReque
              c.num_layers * ((full_q + 2 * full_kv) * h + h * full_q + 3.0 * c.ffn * h + 2 * h +
                              (c.qk_norm ? 2 * hd : 0) + (c.qkv_bias ? full_q + 2 * full_kv : 0));
   // f32 activations of one step (LlamaModel's workspace), its logit rows (local; at TP > 1
-  // also gathered, and whole on rank 0), on rank 0 the sampling scratch, and the ops' scratch.
+  // also gathered, and whole on rank 0), its metadata (every sequence's block table as long as
+  // the context), on rank 0 the sampling scratch, and the ops' scratch.
   const double rows = request.max_batch_tokens;
   const double seqs = request.max_running_requests;
   const bool tp = request.tensor_parallel > 1;
-  // Then the ops' own scratch (Linear's bf16 input, Attention's workspace).
-  RS_ASSIGN_OR_RETURN(const cuda::OpScratch ops,
-                      cuda::PlanOpScratch(OpShapes{
-                          request.max_batch_tokens, static_cast<int64_t>(std::max({h, q, ff})),
-                          s.num_heads, s.num_kv_heads, c.head_dim, request.kv_dtype}));
+  // Then the ops' own scratch (Linear's bf16 input and padded output, Attention's workspace),
+  // the most of any rank's: the last rank's vocabulary slice can be shorter than rank 0's.
+  size_t ops = 0;
+  for (const int32_t rank : {0, request.tensor_parallel - 1}) {
+    RS_ASSIGN_OR_RETURN(const ShardLayout shard, PlanShard(c, rank, request.tensor_parallel));
+    const absl::StatusOr<cuda::OpScratch> scratch =
+        cuda::PlanOpScratch(StepOpShapes(c, shard, request.max_batch_tokens, request.kv_dtype));
+    if (!scratch.ok()) {
+      return absl::Status(scratch.status().code(),
+                          absl::StrCat(c.name, " cannot run on the CUDA backend: ",
+                                       scratch.status().message()));
+    }
+    ops = std::max(ops, scratch->total());
+  }
   p.workspace_bytes =
       sizeof(float) * (rows * (4 * h + (q + 2 * kv) + q + 3 * ff) +
                        seqs * vocab * (1 + (tp ? s.size : 0)) + (tp ? seqs * c.vocab_size : 0)) +
+      sizeof(int32_t) * static_cast<double>(LlamaModel::StepMetaInts(
+                            request.max_batch_tokens, request.max_running_requests,
+                            int64_t{request.max_running_requests} *
+                                ((c.context_length + kBlockTokens - 1) / kBlockTokens))) +
       cuda::SampleScratchBytes(request.max_running_requests, c.vocab_size) +
-      static_cast<double>(ops.total());
+      static_cast<double>(ops);
   p.reserve_bytes = request.reserve_bytes;
   p.kv_bytes_per_token = 2.0 * c.num_layers * kv * ElementBytes(request.kv_dtype);
   p.min_kv_tokens = request.min_kv_tokens > 0 ? request.min_kv_tokens : c.context_length;
@@ -108,6 +123,11 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& c, const MemoryPlanRequ
         ": short by ", Gb(need - p.usable_bytes)));
   }
   return p;
+}
+
+absl::StatusOr<double> PlanWorkspaceBytes(const ModelConfig& c, const MemoryPlanRequest& request) {
+  RS_ASSIGN_OR_RETURN(const MemoryPlan p, PlanShape(c, request));
+  return p.workspace_bytes;
 }
 
 std::string MemoryPlan::Describe(const ModelConfig& c, const MemoryPlanRequest& r) const {

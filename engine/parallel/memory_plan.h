@@ -50,6 +50,11 @@ struct MemoryPlan {
 // min_kv_tokens of KV cache.
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const MemoryPlanRequest& request);
 
+// The per-rank workspace of the plan (MemoryPlan::workspace_bytes) alone: InvalidArgument as
+// PlanMemory. A server counts a draft model's with it.
+absl::StatusOr<double> PlanWorkspaceBytes(const ModelConfig& config,
+                                          const MemoryPlanRequest& request);
+
 // A server on a device (--gpu_memory_utilization, --kv_cache_tokens) may use total × utilization
 // of its memory, less what is in use when `memory` was read. request.device_bytes is ignored;
 // request.min_kv_tokens (0: one full context) is the least KV cache it accepts.

@@ -283,17 +283,22 @@ class CudaBackend final : public Backend {
     cuda::LaunchF32ToBF16(x, x_elements, x_bf16_.as<uint16_t>(), stream_);
     const uint16_t* wr = Packed(w).data() + row_begin * k;
     // cuBLASLt's algorithms want 16-byte aligned rows of y; otherwise compute into a scratch
-    // with padded rows and copy (the same algorithm, so the same bits).
+    // with padded rows, kPaddedOutputRows at a time, and copy (the same algorithm, so the same
+    // bits). ReserveOps sized that scratch for the model's widths.
     const bool direct = rows % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
     if (direct) {
       linear_->Run(x_bf16_.as<uint16_t>(), n, wr, rows, k, y, rows);
     } else {
-      const int64_t ld = (rows + 3) / 4 * 4;
-      Ensure(y_scratch_, sizeof(float) * static_cast<size_t>(n) * ld);
-      linear_->Run(x_bf16_.as<uint16_t>(), n, wr, rows, k, y_scratch_.as<float>(), ld);
-      CUDA_CHECK(cudaMemcpy2DAsync(y, sizeof(float) * rows, y_scratch_.as<void>(),
-                                   sizeof(float) * ld, sizeof(float) * rows, n,
-                                   cudaMemcpyDeviceToDevice, stream_));
+      const int64_t ld = cuda::PaddedOutputWidth(rows);
+      const int32_t chunk = std::min(n, cuda::kPaddedOutputRows);
+      Ensure(y_scratch_, sizeof(float) * static_cast<size_t>(chunk) * ld);
+      for (int32_t r = 0; r < n; r += chunk) {
+        const int32_t m = std::min(chunk, n - r);
+        linear_->Run(x_bf16_.as<uint16_t>() + r * k, m, wr, rows, k, y_scratch_.as<float>(), ld);
+        CUDA_CHECK(cudaMemcpy2DAsync(y + r * rows, sizeof(float) * rows, y_scratch_.as<void>(),
+                                     sizeof(float) * ld, sizeof(float) * rows, m,
+                                     cudaMemcpyDeviceToDevice, stream_));
+      }
     }
     if (bias != nullptr) cuda::LaunchAddBias(y, rows, n, rows, bias, stream_);
   }
@@ -402,7 +407,9 @@ class CudaBackend final : public Backend {
     absl::StatusOr<cuda::OpScratch> need = cuda::PlanOpScratch(shapes);
     if (!need.ok()) return need.status();
     const std::pair<DeviceBuffer*, size_t> parts[] = {
-        {&x_bf16_, need->linear_input_bytes}, {&attention_workspace_, need->attention_bytes}};
+        {&x_bf16_, need->linear_input_bytes},
+        {&y_scratch_, need->linear_output_bytes},
+        {&attention_workspace_, need->attention_bytes}};
     for (const auto& [buffer, bytes] : parts) {
       if (buffer->bytes() >= bytes) continue;
       ++scratch_generation_;  // recorded graphs point at the old buffer

@@ -127,12 +127,20 @@ TEST(AttentionPlanTest, TileWorkspaceGridAndSharedMemory) {
 }
 
 // The ops' scratch Backend::ReserveOps allocates and the memory plan counts, from the shape:
-// Llama-3.1-8B heads at 2048 rows (the widest Linear input is the MLP's 14,336 features).
+// Llama-3.1-8B at 2048 rows (the widest Linear input is the MLP's 14,336 features; every
+// output width is a multiple of 4, so no padded output).
 TEST(OpScratchTest, LinearInputAndTheLargestAttentionWorkspace) {
-  const OpShapes bf16{2048, 14336, 32, 8, 128, DType::kBF16};
+  const OpShapes bf16{.rows = 2048,
+                      .max_linear_k = 14336,
+                      .linear_widths = {6144, 4096, 28672, 128256, 2048},
+                      .num_heads = 32,
+                      .num_kv_heads = 8,
+                      .head_dim = 128,
+                      .kv_dtype = DType::kBF16};
   absl::StatusOr<OpScratch> ops = PlanOpScratch(bf16);
   ASSERT_TRUE(ops.ok()) << ops.status();
   EXPECT_EQ(ops->linear_input_bytes, size_t{2048} * 14336 * 2);
+  EXPECT_EQ(ops->linear_output_bytes, 0u);
   // The split form at 128 rows (states, then its tile list) outweighs the walker's list alone.
   const size_t states = sizeof(float) * 128 * 32 * kSplitSlots * (2 + 128);
   EXPECT_EQ(ops->attention_bytes, states + sizeof(int32_t) * (2 + 128));
@@ -146,6 +154,27 @@ TEST(OpScratchTest, LinearInputAndTheLargestAttentionWorkspace) {
   OpShapes odd = bf16;
   odd.head_dim = 80;
   EXPECT_EQ(PlanOpScratch(odd).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A width that is not a multiple of 4 (a vocabulary of 32,001) computes through rows padded to
+// 32,004 floats, kPaddedOutputRows of them at most; fewer rows a step, fewer rows of scratch.
+TEST(OpScratchTest, PaddedOutputForTheWidestUnalignedWidth) {
+  OpShapes shapes{.rows = 2048,
+                  .max_linear_k = 11008,
+                  .linear_widths = {12288, 4096, 22016, 32001, 8190, 8192},
+                  .num_heads = 32,
+                  .num_kv_heads = 32,
+                  .head_dim = 128,
+                  .kv_dtype = DType::kBF16};
+  absl::StatusOr<OpScratch> ops = PlanOpScratch(shapes);
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  EXPECT_EQ(ops->linear_output_bytes, sizeof(float) * 256 * 32004);
+  EXPECT_EQ(ops->total(),
+            ops->linear_input_bytes + ops->linear_output_bytes + ops->attention_bytes);
+  shapes.rows = 16;
+  EXPECT_EQ(PlanOpScratch(shapes)->linear_output_bytes, sizeof(float) * 16 * 32004);
+  shapes.linear_widths = {32002};
+  EXPECT_EQ(PlanOpScratch(shapes)->linear_output_bytes, sizeof(float) * 16 * 32004);
 }
 
 TEST(AttentionPlanTest, RefusesShapesTheKernelsDoNotTake) {

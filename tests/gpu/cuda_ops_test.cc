@@ -275,8 +275,10 @@ TEST_F(CudaOpsTest, AllocFailureIsResourceExhaustedNamingBytes) {
 // unrounded comparison, what the model sees, is bounded by bf16 rounding of both factors:
 // 2 * 2^-8 * Σ|x w|.
 TEST_F(CudaOpsTest, LinearMatchesCpuOnBf16Inputs) {
-  for (auto [n, rows, k] : {std::tuple{1, 960, 576}, std::tuple{37, 1536, 576},
-                            std::tuple{5, 576, 1536}, std::tuple{3, 62, 64}}) {
+  // 62 and 1001 output widths: computed through the padded scratch, 300 rows in two GEMMs.
+  for (auto [n, rows, k] :
+       {std::tuple{1, 960, 576}, std::tuple{37, 1536, 576}, std::tuple{5, 576, 1536},
+        std::tuple{3, 62, 64}, std::tuple{300, 62, 64}, std::tuple{300, 1001, 64}}) {
     const auto x = RandomFloats(n * k, 14 + n);
     const auto w = RandomFloats(rows * k, 15 + rows);
     const auto bias = RandomFloats(rows, 16);
@@ -630,6 +632,45 @@ TEST_F(CudaOpsTest, SamplingWithinTheReservationAllocatesNothing) {
   std::vector<SampledToken> out(rows);
   const size_t free_before = cuda_->MemoryInfo()->free_bytes;
   cuda_->Sample(on_cuda.as<float>(), vocab, specs, {}, out.data());
+  EXPECT_EQ(cuda_->MemoryInfo()->free_bytes, free_before);
+}
+
+// The same for the ops' scratch (Backend::ReserveOps): after a reservation for 300-row steps,
+// Linears of every width the shapes name (4001 through the padded output) and attention over
+// 300 rows on a bf16 cache (the tiles) and an f16 one (the rows kernels) allocate nothing. Each
+// part of the scratch is over 2 MiB here (the driver's granularity), so a growth would show.
+TEST_F(CudaOpsTest, OpsWithinTheReservationAllocateNothing) {
+  const int32_t n = 300, k = 4096;
+  const AttnCase bf16{9, 3, 64, 16, {40, 260}, DType::kBF16};
+  ASSERT_TRUE(cuda_
+                  ->ReserveOps(OpShapes{.rows = n,
+                                        .max_linear_k = k,
+                                        .linear_widths = {1536, 4001},
+                                        .num_heads = 9,
+                                        .num_kv_heads = 3,
+                                        .head_dim = 64,
+                                        .kv_dtype = DType::kBF16})
+                  .ok());
+  std::vector<Weight> weights;
+  for (int32_t rows : {1536, 4001}) {
+    const HostTensor t = F32Tensor(RandomFloats(size_t(rows) * k, 60 + rows), rows, k);
+    absl::StatusOr<Weight> pw = cuda_->PackWeight({&t, 1});
+    ASSERT_TRUE(pw.ok()) << pw.status();
+    weights.push_back(*std::move(pw));
+  }
+  DeviceBuffer x = Upload(*cuda_, RandomFloats(size_t(n) * k, 61)),
+               y = Upload(*cuda_, std::vector<float>(size_t(n) * 4001));
+  AttnCase f16 = bf16;
+  f16.dtype = DType::kF16;
+  PagedSetup with_tiles, with_rows;
+  with_tiles.Build(*cuda_, bf16, 62, /*last_only=*/false, 7);
+  with_rows.Build(*cuda_, f16, 62, /*last_only=*/false, 7);
+  ASSERT_EQ(with_tiles.rows.num_rows, n);
+  cuda_->Synchronize();
+  const size_t free_before = cuda_->MemoryInfo()->free_bytes;
+  for (const Weight& w : weights) cuda_->Linear(x.as<float>(), n, w, nullptr, y.as<float>());
+  with_tiles.Run(*cuda_, bf16);
+  with_rows.Run(*cuda_, f16);
   EXPECT_EQ(cuda_->MemoryInfo()->free_bytes, free_before);
 }
 

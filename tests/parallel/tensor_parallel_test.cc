@@ -158,6 +158,26 @@ TEST(PlanShardTest, SplitsHeadsFeaturesAndVocabulary) {
   }
 }
 
+// What a rank's step runs, for Backend::ReserveOps: its own widths (the last rank's vocabulary
+// slice is the shorter one), the widest Linear input and its heads.
+TEST(PlanShardTest, StepOpShapesAreTheRanksLinearsAndHeads) {
+  ModelConfig c = Shape(9, 3, 1536);  // head_dim 64, vocabulary 1000
+  c.hidden = 576;
+  for (int r : {0, 2}) {
+    absl::StatusOr<ShardLayout> s = PlanShard(c, r, 3);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const OpShapes ops = StepOpShapes(c, *s, 512, DType::kBF16);
+    EXPECT_EQ(ops.rows, 512);
+    EXPECT_EQ(ops.max_linear_k, 576);  // hidden > the rank's 192 query and 512 MLP features
+    // QKV (3 + 2 heads), O and down, gate-up, the LM head slice, RidgeFill's K/V.
+    EXPECT_EQ(ops.linear_widths, (std::vector<int64_t>{320, 576, 1024, r == 0 ? 334 : 332, 128}));
+    EXPECT_EQ(ops.num_heads, 3);
+    EXPECT_EQ(ops.num_kv_heads, 1);
+    EXPECT_EQ(ops.head_dim, 64);
+    EXPECT_EQ(ops.kv_dtype, DType::kBF16);
+  }
+}
+
 TEST(PlanShardTest, ReplicatesKvHeadsWhenRanksOutnumberThem) {
   const ModelConfig c = Shape(8, 2, 256);
   for (int r = 0; r < 8; ++r) {
