@@ -959,10 +959,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
                          model.llama->kv_cache_dtype()}));
     draft_cache = std::make_unique<PagedKvCache>(std::move(dc));
     // A draft with its own weights steps in its own workspace (self:K in the target's); the
-    // draft's scheduler has the target's budget.
+    // draft's scheduler has the target's budget, its sequences the draft's context.
     if (draft->llama != model.llama) {
+      const int64_t draft_blocks_per_seq =
+          (int64_t{d.context_length} + block_size - 1) / block_size;
       RS_RETURN_IF_ERROR(
-          draft->llama->ReserveWorkspace(max_rows, max_seqs, max_seqs * blocks_per_seq));
+          draft->llama->ReserveWorkspace(max_rows, max_seqs, max_seqs * draft_blocks_per_seq));
     }
   }
   auto impl = std::make_unique<Impl>(model, options, std::move(caches), std::move(draft_cache));

@@ -137,11 +137,12 @@ class BackendGraph {
 };
 
 // The largest step a model will run, for a backend that sizes its ops' own scratch up front
-// (Backend::ReserveOps).
+// (Backend::ReserveOps), for Linear outputs that start 16-byte aligned (a buffer from Alloc, or
+// an offset of a multiple of 4 floats into one); CUDA grows scratch for any other.
 struct OpShapes {
   int32_t rows = 0;                    // rows of one step
   int64_t max_linear_k = 0;            // the widest Linear input (hidden, query width, MLP width)
-  std::vector<int64_t> linear_widths;  // every Linear's output width (its weight's rows)
+  std::vector<int64_t> linear_widths;  // every Linear and LinearRows output width
   int32_t num_heads = 0;  // attention: the rank's query and KV heads, head_dim, cache type
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
@@ -285,13 +286,14 @@ class Backend {
     return absl::OkStatus();
   }
 
-  // Allocates Sample's own scratch now for up to `rows` specs over `vocab` ids (the engine
-  // does at start), so a call within them allocates nothing; ResourceExhausted naming the
-  // bytes when it cannot (CUDA: SampleScratchBytes in kernels/cuda/sample_plan.h, which the
-  // memory plan counts).
-  virtual absl::Status ReserveSampling(int32_t rows, int32_t vocab) {
+  // Allocates Sample's own scratch now for up to `rows` specs over `vocab` ids with up to
+  // `penalty_ids` ids of repetition-penalty context in all (the engine does at start), so a
+  // call within them allocates nothing; ResourceExhausted naming the bytes when it cannot
+  // (CUDA: SampleScratchBytes in kernels/cuda/sample_plan.h, which the memory plan counts).
+  virtual absl::Status ReserveSampling(int32_t rows, int32_t vocab, int64_t penalty_ids) {
     (void)rows;
     (void)vocab;
+    (void)penalty_ids;
     return absl::OkStatus();
   }
 };

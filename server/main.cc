@@ -428,26 +428,6 @@ void CheckModelFits(const std::string& model_path, const RankGroup& ranks, DType
   }
 }
 
-// What a SpecPC / SpecKV draft still allocates on the device when the engine starts: its own KV
-// cache (--draft_kv_cache_tokens, whole blocks, of its layers) and, for a draft with its own
-// weights, its step workspace (self:K steps in the target's).
-absl::StatusOr<double> DraftDeviceBytes(const DraftModel& draft, DType kv_dtype) {
-  const ModelConfig& d = draft.config();
-  const int64_t block = SchedulerConfig{}.block_size;  // the engine's (the server's default)
-  const int64_t tokens = (absl::GetFlag(FLAGS_draft_kv_cache_tokens) + block - 1) / block * block;
-  const KvCacheShape cache{.num_layers = draft.num_layers,
-                           .num_kv_heads = d.num_kv_heads,
-                           .head_dim = d.head_dim,
-                           .dtype = kv_dtype};
-  double bytes = static_cast<double>(tokens) * static_cast<double>(cache.BytesPerToken());
-  if (draft.owned != nullptr) {
-    RS_ASSIGN_OR_RETURN(const double workspace,
-                        PlanWorkspaceBytes(d, DevicePlanRequest(d, 1, kv_dtype)));
-    bytes += workspace;
-  }
-  return bytes;
-}
-
 // The KV cache's capacity in tokens: --kv_cache_tokens on the CPU (0: 65536). On a device,
 // after the weights (and a draft's) are loaded: what --gpu_memory_utilization leaves of each
 // rank's memory after what is in use, the workspace, the reserve, the RidgeFill maps (their
@@ -462,8 +442,11 @@ int32_t KvCacheTokens(const Model& model, const RankGroup& ranks, DType kv_dtype
   std::error_code ec;
   const uintmax_t maps_bytes = std::filesystem::file_size(absl::GetFlag(FLAGS_ridgefill_maps), ec);
   double other = ec ? 0.0 : static_cast<double>(maps_bytes);
+  const MemoryPlanRequest request = DevicePlanRequest(model.config, ranks.size(), kv_dtype);
   if (draft != nullptr) {
-    const absl::StatusOr<double> draft_bytes = DraftDeviceBytes(*draft, kv_dtype);
+    const absl::StatusOr<double> draft_bytes = PlanDraftBytes(
+        model.config, draft->config(), draft->num_layers,
+        absl::GetFlag(FLAGS_draft_kv_cache_tokens), draft->owned != nullptr, request);
     if (!draft_bytes.ok()) {
       spdlog::error("--draft_model {}: {}", draft->name,
                     std::string(draft_bytes.status().message()));
@@ -471,7 +454,6 @@ int32_t KvCacheTokens(const Model& model, const RankGroup& ranks, DType kv_dtype
     }
     other += *draft_bytes;
   }
-  const MemoryPlanRequest request = DevicePlanRequest(model.config, ranks.size(), kv_dtype);
   int64_t tokens = std::numeric_limits<int32_t>::max();
   for (int r = 0; r < ranks.size(); ++r) {
     const DeviceMemory memory = *ranks.backends[r]->MemoryInfo();

@@ -18,6 +18,51 @@ constexpr int32_t kBlockTokens = 16;
 
 std::string Gb(double bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
 
+// A rank's step workspace on the device, in the parts a draft model shares or not.
+struct Workspace {
+  // The model's own (LlamaModel's): f32 activations of one step, its logit rows (local; at
+  // TP > 1 also gathered, and whole on rank 0) and its metadata (every sequence's block table
+  // as long as the context).
+  double model = 0;
+  double sampling = 0;  // the backend's sampling scratch (on rank 0 only; counted on every rank)
+  double ops = 0;       // the backend's ops' scratch (Backend::ReserveOps)
+  double total() const { return model + sampling + ops; }
+};
+
+absl::StatusOr<Workspace> PlanWorkspace(const ModelConfig& c, const MemoryPlanRequest& request) {
+  RS_ASSIGN_OR_RETURN(const ShardLayout s, PlanShard(c, 0, request.tensor_parallel));
+  const double h = c.hidden, hd = c.head_dim;
+  const double q = s.num_heads * hd, kv = s.num_kv_heads * hd, ff = s.ffn;
+  const double rows = request.max_batch_tokens;
+  const double seqs = request.max_running_requests;
+  const bool tp = request.tensor_parallel > 1;
+  Workspace w;
+  w.model = sizeof(float) *
+                (rows * (4 * h + (q + 2 * kv) + q + 3 * ff) +
+                 seqs * s.vocab_stride * (1 + (tp ? s.size : 0)) + (tp ? seqs * c.vocab_size : 0)) +
+            sizeof(int32_t) * static_cast<double>(LlamaModel::StepMetaInts(
+                                  request.max_batch_tokens, request.max_running_requests,
+                                  int64_t{request.max_running_requests} *
+                                      ((c.context_length + kBlockTokens - 1) / kBlockTokens)));
+  w.sampling = static_cast<double>(
+      cuda::SampleScratchBytes(request.max_running_requests, c.vocab_size,
+                               int64_t{request.max_running_requests} * c.context_length));
+  // The ops' scratch (Linear's bf16 input and padded output, Attention's workspace), the most
+  // of any rank's: the last rank's vocabulary slice can be shorter than rank 0's.
+  for (const int32_t rank : {0, request.tensor_parallel - 1}) {
+    RS_ASSIGN_OR_RETURN(const ShardLayout shard, PlanShard(c, rank, request.tensor_parallel));
+    const absl::StatusOr<cuda::OpScratch> scratch =
+        cuda::PlanOpScratch(StepOpShapes(c, shard, request.max_batch_tokens, request.kv_dtype));
+    if (!scratch.ok()) {
+      return absl::Status(
+          scratch.status().code(),
+          absl::StrCat(c.name, " cannot run on the CUDA backend: ", scratch.status().message()));
+    }
+    w.ops = std::max(w.ops, static_cast<double>(scratch->total()));
+  }
+  return w;
+}
+
 // What a plan needs of the shape alone: the rank's shard, weight, workspace and reserve bytes,
 // KV bytes a token and the least KV cache (no device memory yet).
 absl::StatusOr<MemoryPlan> PlanShape(const ModelConfig& c, const MemoryPlanRequest& request) {
@@ -39,35 +84,8 @@ absl::StatusOr<MemoryPlan> PlanShape(const ModelConfig& c, const MemoryPlanReque
   p.params = double(c.vocab_size) * h * (c.tied_embeddings ? 1 : 2) + h +
              c.num_layers * ((full_q + 2 * full_kv) * h + h * full_q + 3.0 * c.ffn * h + 2 * h +
                              (c.qk_norm ? 2 * hd : 0) + (c.qkv_bias ? full_q + 2 * full_kv : 0));
-  // f32 activations of one step (LlamaModel's workspace), its logit rows (local; at TP > 1
-  // also gathered, and whole on rank 0), its metadata (every sequence's block table as long as
-  // the context), on rank 0 the sampling scratch, and the ops' scratch.
-  const double rows = request.max_batch_tokens;
-  const double seqs = request.max_running_requests;
-  const bool tp = request.tensor_parallel > 1;
-  // Then the ops' own scratch (Linear's bf16 input and padded output, Attention's workspace),
-  // the most of any rank's: the last rank's vocabulary slice can be shorter than rank 0's.
-  size_t ops = 0;
-  for (const int32_t rank : {0, request.tensor_parallel - 1}) {
-    RS_ASSIGN_OR_RETURN(const ShardLayout shard, PlanShard(c, rank, request.tensor_parallel));
-    const absl::StatusOr<cuda::OpScratch> scratch =
-        cuda::PlanOpScratch(StepOpShapes(c, shard, request.max_batch_tokens, request.kv_dtype));
-    if (!scratch.ok()) {
-      return absl::Status(scratch.status().code(),
-                          absl::StrCat(c.name, " cannot run on the CUDA backend: ",
-                                       scratch.status().message()));
-    }
-    ops = std::max(ops, scratch->total());
-  }
-  p.workspace_bytes =
-      sizeof(float) * (rows * (4 * h + (q + 2 * kv) + q + 3 * ff) +
-                       seqs * vocab * (1 + (tp ? s.size : 0)) + (tp ? seqs * c.vocab_size : 0)) +
-      sizeof(int32_t) * static_cast<double>(LlamaModel::StepMetaInts(
-                            request.max_batch_tokens, request.max_running_requests,
-                            int64_t{request.max_running_requests} *
-                                ((c.context_length + kBlockTokens - 1) / kBlockTokens))) +
-      cuda::SampleScratchBytes(request.max_running_requests, c.vocab_size) +
-      static_cast<double>(ops);
+  RS_ASSIGN_OR_RETURN(const Workspace workspace, PlanWorkspace(c, request));
+  p.workspace_bytes = workspace.total();
   p.reserve_bytes = request.reserve_bytes;
   p.kv_bytes_per_token = 2.0 * c.num_layers * kv * ElementBytes(request.kv_dtype);
   p.min_kv_tokens = request.min_kv_tokens > 0 ? request.min_kv_tokens : c.context_length;
@@ -125,9 +143,18 @@ absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& c, const MemoryPlanRequ
   return p;
 }
 
-absl::StatusOr<double> PlanWorkspaceBytes(const ModelConfig& c, const MemoryPlanRequest& request) {
-  RS_ASSIGN_OR_RETURN(const MemoryPlan p, PlanShape(c, request));
-  return p.workspace_bytes;
+absl::StatusOr<double> PlanDraftBytes(const ModelConfig& target, const ModelConfig& draft,
+                                      int32_t draft_layers, int64_t kv_tokens, bool own_weights,
+                                      const MemoryPlanRequest& request) {
+  const int64_t tokens = (kv_tokens + kBlockTokens - 1) / kBlockTokens * kBlockTokens;
+  double bytes = static_cast<double>(tokens) * 2.0 * draft_layers * draft.num_kv_heads *
+                 draft.head_dim * ElementBytes(request.kv_dtype);
+  if (own_weights) {
+    RS_ASSIGN_OR_RETURN(const Workspace t, PlanWorkspace(target, request));
+    RS_ASSIGN_OR_RETURN(const Workspace d, PlanWorkspace(draft, request));
+    bytes += d.model + std::max(0.0, d.ops - t.ops) + std::max(0.0, d.sampling - t.sampling);
+  }
+  return bytes;
 }
 
 std::string MemoryPlan::Describe(const ModelConfig& c, const MemoryPlanRequest& r) const {

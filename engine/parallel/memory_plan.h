@@ -50,10 +50,14 @@ struct MemoryPlan {
 // min_kv_tokens of KV cache.
 absl::StatusOr<MemoryPlan> PlanMemory(const ModelConfig& config, const MemoryPlanRequest& request);
 
-// The per-rank workspace of the plan (MemoryPlan::workspace_bytes) alone: InvalidArgument as
-// PlanMemory. A server counts a draft model's with it.
-absl::StatusOr<double> PlanWorkspaceBytes(const ModelConfig& config,
-                                          const MemoryPlanRequest& request);
+// What a draft model (SpecPC / SpecKV, tensor parallel 1) still allocates on the target's
+// device when the engine starts, for a server planned with `request`: its KV cache of
+// `kv_tokens` (whole blocks) over the `draft_layers` it runs and, when it has weights of its own,
+// its model's step workspace, and the backend's sampling and ops' scratch beyond the target's
+// (the two share them: each grows to the larger need). InvalidArgument as PlanMemory.
+absl::StatusOr<double> PlanDraftBytes(const ModelConfig& target, const ModelConfig& draft,
+                                      int32_t draft_layers, int64_t kv_tokens, bool own_weights,
+                                      const MemoryPlanRequest& request);
 
 // A server on a device (--gpu_memory_utilization, --kv_cache_tokens) may use total × utilization
 // of its memory, less what is in use when `memory` was read. request.device_bytes is ignored;

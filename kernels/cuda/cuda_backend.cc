@@ -421,16 +421,18 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status ReserveSampling(int32_t rows, int32_t vocab) override {
+  absl::Status ReserveSampling(int32_t rows, int32_t vocab, int64_t penalty_ids) override {
     SetDevice();
     // Every row sorted: the most the keys and the sort's storage can need.
     std::vector<SampleSpec> all(static_cast<size_t>(rows));
     for (SampleSpec& spec : all) spec.top_p = 0.5f;
-    absl::StatusOr<cuda::SamplePlan> plan = cuda::PlanSample(all, vocab, 0);
+    absl::StatusOr<cuda::SamplePlan> plan =
+        cuda::PlanSample(all, vocab, static_cast<size_t>(penalty_ids));
     if (!plan.ok()) return plan.status();
     if (absl::Status s = EnsureSampling(*plan, vocab, all.size()); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("sampling scratch for ", rows, " rows of ", vocab,
-                                                 " ids: ", s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("sampling scratch for ", rows, " rows of ", vocab, " ids and ",
+                                 penalty_ids, " penalty ids: ", s.message()));
     }
     return absl::OkStatus();
   }

@@ -11,11 +11,12 @@ bool NeedsRankOrder(const SampleSpec& spec, int32_t vocab) {
   return spec.temperature != 0.0f && ((spec.top_k > 0 && spec.top_k < vocab) || spec.top_p < 1.0f);
 }
 
-size_t SampleScratchBytes(int32_t rows, int32_t vocab) {
+size_t SampleScratchBytes(int32_t rows, int32_t vocab, int64_t penalty_ids) {
   const size_t n = static_cast<size_t>(rows);
   const size_t keys = sizeof(uint64_t) * n * static_cast<size_t>(vocab);
-  // Upload: specs, sort slots, slot specs and slot offsets (n + 1).
-  const size_t upload = sizeof(SampleSpec) * n + sizeof(int32_t) * (3 * n + 1);
+  // Upload: specs, sort slots, slot specs, slot offsets (n + 1) and the penalty ids.
+  const size_t upload =
+      sizeof(SampleSpec) * n + sizeof(int32_t) * (3 * n + 1 + static_cast<size_t>(penalty_ids));
   return 2 * keys + upload + sizeof(SampledToken) * n;
 }
 

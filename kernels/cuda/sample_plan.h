@@ -39,11 +39,11 @@ struct SamplePlan {
   int32_t num_slots() const { return static_cast<int32_t>(slot_spec.size()); }
 };
 
-// Device bytes Sample keeps for `rows` specs over `vocab` ids (ReserveSampling): two key
-// buffers the sort alternates between (every row may need its keys sorted), the upload without
-// penalty ids, and the tokens. The sort's own temporary storage is a few kilobytes (left to the
-// memory plan's reserve).
-size_t SampleScratchBytes(int32_t rows, int32_t vocab);
+// Device bytes Sample keeps for `rows` specs over `vocab` ids with `penalty_ids` ids of penalty
+// context (ReserveSampling): two key buffers the sort alternates between (every row may need
+// its keys sorted), the upload, and the tokens. The sort's own temporary storage is a few
+// kilobytes (left to the memory plan's reserve).
+size_t SampleScratchBytes(int32_t rows, int32_t vocab, int64_t penalty_ids);
 
 // InvalidArgument when the sorted keys would not fit the sort's int offsets.
 absl::StatusOr<SamplePlan> PlanSample(std::span<const SampleSpec> specs, int32_t vocab,

@@ -126,6 +126,13 @@ TEST(AttentionPlanTest, TileWorkspaceGridAndSharedMemory) {
   EXPECT_LE(2 * TileSharedBytes(128, true), size_t{228} << 10);
 }
 
+// PlanOpScratch's answer for shapes it takes (a failure fails the test, with zeros).
+OpScratch Planned(const OpShapes& shapes) {
+  absl::StatusOr<OpScratch> ops = PlanOpScratch(shapes);
+  EXPECT_TRUE(ops.ok()) << ops.status();
+  return ops.value_or(OpScratch{});
+}
+
 // The ops' scratch Backend::ReserveOps allocates and the memory plan counts, from the shape:
 // Llama-3.1-8B at 2048 rows (the widest Linear input is the MLP's 14,336 features; every
 // output width is a multiple of 4, so no padded output).
@@ -148,9 +155,9 @@ TEST(OpScratchTest, LinearInputAndTheLargestAttentionWorkspace) {
   // An f16 cache runs the rows kernels: states, no list. Fewer rows than kSplitMaxRows: theirs.
   OpShapes f16 = bf16;
   f16.kv_dtype = DType::kF16;
-  EXPECT_EQ(PlanOpScratch(f16)->attention_bytes, states);
+  EXPECT_EQ(Planned(f16).attention_bytes, states);
   f16.rows = 16;
-  EXPECT_EQ(PlanOpScratch(f16)->attention_bytes, sizeof(float) * 16 * 32 * kSplitSlots * 130);
+  EXPECT_EQ(Planned(f16).attention_bytes, sizeof(float) * 16 * 32 * kSplitSlots * 130);
   OpShapes odd = bf16;
   odd.head_dim = 80;
   EXPECT_EQ(PlanOpScratch(odd).status().code(), absl::StatusCode::kInvalidArgument);
@@ -172,9 +179,9 @@ TEST(OpScratchTest, PaddedOutputForTheWidestUnalignedWidth) {
   EXPECT_EQ(ops->total(),
             ops->linear_input_bytes + ops->linear_output_bytes + ops->attention_bytes);
   shapes.rows = 16;
-  EXPECT_EQ(PlanOpScratch(shapes)->linear_output_bytes, sizeof(float) * 16 * 32004);
+  EXPECT_EQ(Planned(shapes).linear_output_bytes, sizeof(float) * 16 * 32004);
   shapes.linear_widths = {32002};
-  EXPECT_EQ(PlanOpScratch(shapes)->linear_output_bytes, sizeof(float) * 16 * 32004);
+  EXPECT_EQ(Planned(shapes).linear_output_bytes, sizeof(float) * 16 * 32004);
 }
 
 TEST(AttentionPlanTest, RefusesShapesTheKernelsDoNotTake) {

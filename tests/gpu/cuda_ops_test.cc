@@ -635,24 +635,31 @@ int64_t DeviceBytesTaken(Backend& backend, Prepare prepare) {
   return static_cast<int64_t>(free_before) - static_cast<int64_t>(backend.MemoryInfo()->free_bytes);
 }
 
-// After ReserveSampling(rows, vocab), drawing up to that many rows, every one sorted, takes no
-// more device memory.
+// After ReserveSampling(rows, vocab, penalty_ids), drawing up to that many rows, every one
+// sorted and penalized by a context of 40,000 ids (2.56 MB of them in all, over the driver's
+// 2 MiB granularity), takes no more device memory.
 TEST_F(CudaOpsTest, SamplingWithinTheReservationAllocatesNothing) {
-  const int32_t rows = 16, vocab = 49152;
+  const int32_t rows = 16, vocab = 49152, context = 40000;
   const std::vector<float> logits =
       RandomFloats(static_cast<size_t>(rows) * vocab, 43, -8.0f, 8.0f);
+  std::vector<int32_t> penalty_ids(static_cast<size_t>(rows) * context);
+  std::mt19937 rng(44);
+  for (int32_t& id : penalty_ids) id = static_cast<int32_t>(rng() % vocab);
   std::vector<SampleSpec> specs(rows);
   for (int32_t r = 0; r < rows; ++r) {
     specs[r].row = r;
     specs[r].top_p = 0.9f;
     specs[r].top_k = 50;
+    specs[r].repetition_penalty = 1.3f;
+    specs[r].penalty_begin = r * context;
+    specs[r].penalty_end = (r + 1) * context;
   }
   const int64_t taken = DeviceBytesTaken(*cuda_, [&](Backend& b) -> std::function<void()> {
-    EXPECT_TRUE(b.ReserveSampling(rows, vocab).ok());
+    EXPECT_TRUE(b.ReserveSampling(rows, vocab, int64_t{rows} * context).ok());
     auto on_device = std::make_shared<DeviceBuffer>(Upload(b, logits));
-    return [&b, &specs, on_device, vocab] {
+    return [&b, &specs, &penalty_ids, on_device, vocab] {
       std::vector<SampledToken> out(specs.size());
-      b.Sample(on_device->as<float>(), vocab, specs, {}, out.data());
+      b.Sample(on_device->as<float>(), vocab, specs, penalty_ids, out.data());
     };
   });
   EXPECT_EQ(taken, 0);

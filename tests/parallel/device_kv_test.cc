@@ -45,11 +45,12 @@ TEST(DeviceMemoryTest, KvCacheIsWholeBlocksOfWhatTheLoadedWeightsLeave) {
   const int64_t tokens = Tokens(kWeights, 0.9);
   EXPECT_EQ(tokens % kBlock, 0);
   // 126.9 GB usable less 56 GB of weights, under 2.5 GB of workspace and reserve, the sampling
-  // keys (two buffers of 64 rows x 151,936 ids x 8 bytes) and the ops' scratch: Linear's bf16
+  // keys (two buffers of 64 rows x 151,936 ids x 8 bytes) and penalty ids (64 contexts of
+  // 40,960), and the ops' scratch: Linear's bf16
   // input for 2048 rows of the widest input (24,576 MLP features) and attention's split-KV
   // states for 128 rows x 40 query heads x 16 slots x (2 + 128) floats, with its tile list; the
   // step's metadata holds 64 block tables of the 40,960-token context (2,560 ints each).
-  const double sampling = 2.0 * 64 * 151936 * 8;
+  const double sampling = 2.0 * 64 * 151936 * 8 + 4.0 * 64 * 40960;
   const double ops = 2048.0 * 24576 * 2 + 128.0 * 40 * 16 * 130 * 4 + 16 * 1024;
   const double meta = 4.0 * (5 * 2048 + 2 * 64 + 1 + 64 * 2560);
   EXPECT_GT(tokens * kKvBytesPerToken, 126.9e9 - kWeights - 2.5e9 - sampling - ops - meta);
@@ -114,14 +115,42 @@ TEST(DeviceMemoryTest, NothingLeftWhenOthersHoldMoreThanTheShare) {
             absl::StatusCode::kResourceExhausted);
 }
 
+// What a draft takes beside the target (the server subtracts it from the KV cache): self:K only
+// its cache of K layers of the target's KV heads; a draft with weights of its own also its own
+// activations, logit rows and step metadata, but not the sampling and ops' scratch it shares
+// with the 27B target (the same vocabulary and context, smaller ops). Whole blocks of cache.
+TEST(DeviceMemoryTest, ADraftTakesItsCacheAndItsOwnWorkspaceNotTheSharedScratch) {
+  const ModelConfig target = Qwen27B();
+  absl::StatusOr<double> self =
+      PlanDraftBytes(target, target, 12, 32001, /*own_weights=*/false, Request(0.9));
+  ASSERT_TRUE(self.ok()) << self.status();
+  EXPECT_EQ(*self, 32016.0 * 2 * 12 * 8 * 128 * 2);
+  ModelConfig small = target;
+  small.name = "draft";
+  small.num_layers = 4;
+  small.hidden = 1024;
+  small.num_heads = 16;
+  small.num_kv_heads = 4;
+  small.head_dim = 64;
+  small.ffn = 2816;
+  absl::StatusOr<double> own = PlanDraftBytes(target, small, 4, 32000, true, Request(0.9));
+  ASSERT_TRUE(own.ok()) << own.status();
+  const double cache = 32000.0 * 2 * 4 * 4 * 64 * 2;
+  // 2048 rows of f32 activations: 4 hidden, QKV (1024 + 2 x 256), attention out (1024) and
+  // 3 x 2816 MLP features; 64 logit rows of 151,936; metadata (5 a row, 2 a sequence and one,
+  // and 64 block tables of 2,560).
+  const double activations = 4.0 * (2048 * (4 * 1024 + 1536 + 1024 + 3 * 2816) + 64 * 151936);
+  const double meta = 4.0 * (5 * 2048 + 2 * 64 + 1 + 64 * 2560);
+  EXPECT_DOUBLE_EQ(*own, cache + activations + meta);
+}
+
 // A shape the CUDA kernels do not take is refused by name, not planned.
 TEST(DeviceMemoryTest, AShapeTheCudaKernelsDoNotTakeIsRefusedNamingTheBackend) {
   ModelConfig config = Qwen27B();
   config.head_dim = 80;
   const absl::Status fit = CheckDeviceFit(config, Request(0.9), {kH200, kH200});
   EXPECT_EQ(fit.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(fit.message().find("qwen3-style-27b cannot run on the CUDA backend"),
-            std::string::npos)
+  EXPECT_NE(fit.message().find("qwen3-style-27b cannot run on the CUDA backend"), std::string::npos)
       << fit;
   EXPECT_NE(fit.message().find("head_dim 80"), std::string::npos) << fit;
 }
