@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE_DIR = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -460,19 +461,29 @@ def check_model_init(bin_dir):
             full = {"PATH": os.environ["PATH"], "HOME": tmp, "MODEL_FILE": "m.gguf",
                     "MODEL_SOURCE": "path", "MODEL_PATH": os.path.join(src, "m.gguf"),
                     "MAPS_SOURCE": "none"}
-            p = subprocess.Popen([init], env=full, stdout=subprocess.PIPE,
+            p = subprocess.Popen([init], env=full, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.PIPE, text=True)
-            try:
-                p.wait(timeout=2)
-                raise AssertionError(f"ran while the lock was held: {p.returncode} "
-                                     f"{p.stderr.read()}")
-            except subprocess.TimeoutExpired:
-                pass
+            # Its stderr, read as it comes: the lock is released once it says it waits.
+            lines, waiting = [], threading.Event()
+
+            def read_stderr():
+                for line in p.stderr:
+                    lines.append(line)
+                    if "waiting for its lock" in line:
+                        waiting.set()
+
+            reader = threading.Thread(target=read_stderr, daemon=True)
+            reader.start()
+            said = waiting.wait(60)
+            expect(said and p.poll() is None,
+                   f"not waiting while the lock was held: {p.poll()} {''.join(lines)}")
             expect(not os.path.exists(os.path.join(models, "m.gguf")),
                    "wrote the model while another held the lock")
             fcntl.flock(lock, fcntl.LOCK_UN)
-        _, err = p.communicate(timeout=30)
-        expect(p.returncode == 0 and "waiting for its lock" in err, f"after the lock: {err}")
+        p.wait(timeout=30)
+        reader.join(30)
+        err = "".join(lines)
+        expect(p.returncode == 0, f"after the lock: {p.returncode} {err}")
         expect(open(os.path.join(models, "m.gguf"), "rb").read() == model_bytes,
                "model after the lock")
 

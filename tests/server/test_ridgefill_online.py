@@ -122,8 +122,12 @@ def check_learns_and_swaps(srv):
     rows, dropped = rows_and_dropped(srv)
     print(f"online rows {rows:.0f}, dropped {dropped:.0f} of {expected}", flush=True)
     expect(rows >= RESOLVE_ROWS, f"only {rows} rows accumulated; the test needs a re-solve")
-    wait_for("the re-solved maps", lambda: srv.info().ridgefill_maps.version == 2, 180)
+    # A re-solve swaps its maps in (version 2), then counts itself: wait for the count.
+    wait_for("the re-solve counted",
+             lambda: scrape_metrics(srv).get('ridgeserve_ridgefill_online_resolves_total'
+                                             '{result="ok"}') == 1, 180)
     info = srv.info().ridgefill_maps
+    expect_eq(info.version, 2, "maps version after the re-solve")
     expect_eq(info.path, os.path.join(st.online_dir, "maps.rfmap"), "maps path after re-solve")
     m = scrape_metrics(srv)
     expect_eq(m['ridgeserve_ridgefill_online_resolves_total{result="ok"}'], 1, "resolves ok")

@@ -167,7 +167,10 @@ def check_hot_reload(srv, live):
 
     t = threading.Thread(target=stream)
     t.start()
-    time.sleep(0.2)
+    # The server took its maps when it accepted the call, before the engine counts it.
+    wait_for("the request in the engine",
+             lambda: (lambda s: s.num_requests_running + s.num_requests_waiting >= 1)(srv.stats()),
+             60, 0.01)
     replace_file(st.maps_b, live)
     t_signal = time.monotonic()
     srv.send_signal(signal.SIGHUP)

@@ -25,7 +25,9 @@ def drain_case(checks, text):
     try:
         if not checks.run("start (drain case)", srv.start):
             return
-        kws = [dict(text=text[i * 900:i * 900 + 400], max_new_tokens=48, ignore_eos=True)
+        # Long enough that the drain outlasts the checks made during it (seconds, not the
+        # tenth of a second they take), on a loaded machine too.
+        kws = [dict(text=text[i * 900:i * 900 + 400], max_new_tokens=128, ignore_eos=True)
                for i in range(4)]
         baselines = []
 

@@ -127,6 +127,7 @@ class Soak:
         self.pool = pool
         self.seed = seed
         self.records = []
+        self.active = set()  # records of the calls in flight
         self.lock = threading.Lock()
         self.ids = 0
 
@@ -165,6 +166,8 @@ class Soak:
         else:
             entry = rng.choice([i for i, (k, _) in enumerate(self.pool.entries) if k == "exact"])
         rec = Record(kind, entry, stream)
+        with self.lock:
+            self.active.add(rec)
         req = pb.GenerateRequest()
         if entry >= 0:
             req.CopyFrom(self.pool.entries[entry][1])
@@ -225,8 +228,14 @@ class Soak:
             self._stream(rec, req) if stream else self._unary(rec, req)
         rec.t_end = time.monotonic()
         with self.lock:
+            self.active.discard(rec)
             self.records.append(rec)
         return rec.code
+
+    def complete_kind_in_flight_since(self, t):
+        """Whether a complete-kind call sent before `t` is still in flight."""
+        with self.lock:
+            return any(r.kind in COMPLETE_KINDS and r.t_start < t for r in self.active)
 
     def run(self, seconds, stop_event=None):
         """THREADS workers draw requests until `seconds` pass (or stop_event is set)."""
@@ -408,7 +417,15 @@ def main():
             stop = threading.Event()
             threads = soak.run(300, stop)
             time.sleep(min(10.0, half / 2))
-            t_sig = time.monotonic()
+            # SIGTERM while a complete-kind call sent over a second before is in flight (read
+            # after the time taken, so it is still in flight at that time).
+            deadline = time.monotonic() + 60
+            while True:
+                t_sig = time.monotonic()
+                if soak.complete_kind_in_flight_since(t_sig - 1.0):
+                    break
+                expect(t_sig < deadline, "no complete-kind call in flight for over a second")
+                time.sleep(0.02)
             srv.send_signal(signal.SIGTERM)
             while srv.alive():
                 time.sleep(0.1)

@@ -128,15 +128,19 @@ def main():
 
         def drain():
             results = [None] * 3
+            started = [threading.Event() for _ in range(3)]
             threads = []
             for i in range(3):
                 def body(i=i):
-                    results[i] = run_stream(srv.stub, greedy_request(
+                    call = srv.stub.GenerateStream(greedy_request(
                         token_ids=corpus[100 * i:100 * i + 40], max_new_tokens=64,
-                        ignore_eos=True))
+                        ignore_eos=True), timeout=300)
+                    results[i] = consume_stream(call, on_message=lambda r: started[i].set())
                 threads.append(threading.Thread(target=body))
                 threads[-1].start()
-            time.sleep(1.0)
+            # SIGTERM once every stream is being served (each has a token).
+            for i, e in enumerate(started):
+                expect(e.wait(120), f"stream {i} had no token after 120 s")
             srv.send_signal(signal.SIGTERM)
             for t in threads:
                 t.join(300)
