@@ -113,8 +113,11 @@ class CudaBackend final : public Backend {
     absl::StatusOr<DeviceBuffer> ws = Alloc(cuda::kGemmWorkspaceBytes);
     if (!ws.ok()) return ws.status();
     gemm_workspace_ = std::move(*ws);
+    absl::StatusOr<int64_t> reference_n =
+        cuda::GemmReferenceN(std::getenv("RIDGESERVE_CUDA_GEMM_REFERENCE_N"));
+    if (!reference_n.ok()) return reference_n.status();
     absl::StatusOr<std::unique_ptr<cuda::CublasLinear>> linear =
-        cuda::CublasLinear::Create(gemm_workspace_.as<void>(), stream_);
+        cuda::CublasLinear::Create(gemm_workspace_.as<void>(), stream_, *reference_n);
     if (!linear.ok()) return linear.status();
     linear_ = std::move(*linear);
     // The tiles run where RIDGESERVE_CUDA_ATTENTION allows them and a CTA may hold their shared

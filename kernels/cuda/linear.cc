@@ -46,10 +46,11 @@ T AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribute
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CublasLinear>> CublasLinear::Create(void* workspace,
-                                                                   cudaStream_t stream) {
+                                                                   cudaStream_t stream,
+                                                                   int64_t reference_n) {
   cublasLtHandle_t handle = nullptr;
   CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle));
-  std::unique_ptr<CublasLinear> linear(new CublasLinear(handle, workspace, stream));
+  std::unique_ptr<CublasLinear> linear(new CublasLinear(handle, workspace, stream, reference_n));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&linear->desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(linear->desc_, CUBLASLT_MATMUL_DESC_TRANSA,
@@ -59,8 +60,9 @@ absl::StatusOr<std::unique_ptr<CublasLinear>> CublasLinear::Create(void* workspa
   return linear;
 }
 
-CublasLinear::CublasLinear(cublasLtHandle_t handle, void* workspace, cudaStream_t stream)
-    : handle_(handle), workspace_(workspace), stream_(stream) {}
+CublasLinear::CublasLinear(cublasLtHandle_t handle, void* workspace, cudaStream_t stream,
+                           int64_t reference_n)
+    : handle_(handle), workspace_(workspace), stream_(stream), reference_n_(reference_n) {}
 
 CublasLinear::~CublasLinear() {
   if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
@@ -113,8 +115,19 @@ absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::Heuristic(int64_t rows, int64
 absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::AlgorithmFor(int64_t k) {
   if (auto it = algorithms_.find(k); it != algorithms_.end()) return it->second;
   absl::StatusOr<cublasLtMatmulAlgo_t> algo =
-      Heuristic(kReferenceRows, kReferenceN, k, kReferenceRows);
-  if (algo.ok()) algorithms_.emplace(k, *algo);
+      Heuristic(kReferenceRows, reference_n_, k, kReferenceRows);
+  if (!algo.ok()) return algo;
+  algorithms_.emplace(k, *algo);
+  // Once per k, for reading a run's speed: which kernel every GEMM with this k runs.
+  std::fprintf(stderr,
+               "ridgeserve: cuBLASLt algorithm for k = %lld (chosen at %lld x %lld rows): id %d, "
+               "tile %u, stages %u, CTA swizzling %u\n",
+               static_cast<long long>(k), static_cast<long long>(kReferenceRows),
+               static_cast<long long>(reference_n_),
+               AlgoConfig<int32_t>(*algo, CUBLASLT_ALGO_CONFIG_ID),
+               AlgoConfig<uint32_t>(*algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+               AlgoConfig<uint32_t>(*algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+               AlgoConfig<uint32_t>(*algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
   return algo;
 }
 

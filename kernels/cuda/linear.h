@@ -4,7 +4,8 @@
 // Batch invariance. cuBLASLt picks kernels (tile shape, split-K, stream-K style reductions) by
 // shape, so the same row could get different bits alone and in a batch. Here one algorithm is
 // chosen per inner dimension k, ONCE, from cuBLASLt's heuristic at a fixed reference shape
-// (kReferenceRows x kReferenceN) and kept for every later call with that k, whatever n, the
+// (kReferenceRows x the reference batch, linear_plan.h) and kept for every later call with that
+// k, whatever n, the
 // row range or the row count; algorithms with split-K or a reduction scheme are refused. (If
 // cuBLASLt refuses that algorithm for some shape, that call takes its own, with a warning on
 // stderr naming k: the property then does not hold for that k.) With
@@ -25,20 +26,19 @@
 #include <set>
 
 #include "absl/status/statusor.h"
+#include "kernels/cuda/linear_plan.h"
 
 namespace ridgeserve::cuda {
 
-// The heuristic's reference shape: rows of a large projection, and a prefill-sized batch (an
-// algorithm for n = 1 would be a split-K or GEMV kernel, which a batch cannot share).
-inline constexpr int64_t kReferenceRows = 4096;
-inline constexpr int64_t kReferenceN = 256;
 // cuBLASLt workspace, fixed so the heuristic's answer cannot change with free memory.
 inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 
 class CublasLinear {
  public:
-  // `workspace` is kGemmWorkspaceBytes of device memory owned by the caller (the backend).
-  static absl::StatusOr<std::unique_ptr<CublasLinear>> Create(void* workspace, cudaStream_t stream);
+  // `workspace` is kGemmWorkspaceBytes of device memory owned by the caller (the backend);
+  // `reference_n` the batch of the heuristic's reference shape (GemmReferenceN).
+  static absl::StatusOr<std::unique_ptr<CublasLinear>> Create(void* workspace, cudaStream_t stream,
+                                                              int64_t reference_n);
   ~CublasLinear();
   CublasLinear(const CublasLinear&) = delete;
   CublasLinear& operator=(const CublasLinear&) = delete;
@@ -52,7 +52,7 @@ class CublasLinear {
   absl::StatusOr<cublasLtMatmulAlgo_t> AlgorithmFor(int64_t k);
 
  private:
-  CublasLinear(cublasLtHandle_t handle, void* workspace, cudaStream_t stream);
+  CublasLinear(cublasLtHandle_t handle, void* workspace, cudaStream_t stream, int64_t reference_n);
   // cuBLASLt's first algorithm for this shape with one pass over k (no split-K, no reduction).
   absl::StatusOr<cublasLtMatmulAlgo_t> Heuristic(int64_t rows, int64_t n, int64_t k, int64_t ldy);
 
@@ -60,6 +60,7 @@ class CublasLinear {
   cublasLtMatmulDesc_t desc_ = nullptr;
   void* workspace_;
   cudaStream_t stream_;
+  int64_t reference_n_;
   std::map<int64_t, cublasLtMatmulAlgo_t> algorithms_;  // by k
   std::set<int64_t> warned_;                            // k that fell back to a per-shape one
 };

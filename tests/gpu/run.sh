@@ -21,7 +21,11 @@
 #     take, and RidgeFill prefill time against exact at splits of 1/2 and 2/3 depth (exact tail
 #     1024), and attention alone at 2K, 8K and 32K tokens (TFLOP/s; at 2K also on an f16 cache:
 #     the tensor-core tiles against the f32 rows kernels), if the run has the time left.
-#  5. A summary (also OUT_DIR/summary.txt).
+#  5. If the run has the time left, the same 8B shape's decode at batch 1, 16 and 64 and prefill
+#     at 8K with cuBLASLt's algorithms chosen at a 16-row reference batch
+#     (RIDGESERVE_CUDA_GEMM_REFERENCE_N=16: smaller tiles, more CTAs at decode) beside step 4's
+#     default of 256 (kernels/cuda/linear_plan.h). Each bench's stderr names the algorithm per k.
+#  6. A summary (also OUT_DIR/summary.txt).
 # The default model must be at $MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf); without
 # it the model test skips and the speed step says "not measured". The file (98 MB) is over the
 # device tool's 64 MiB per-call transfer, so it goes in two calls: tests/gpu/prepare_prebuilt.sh
@@ -196,6 +200,19 @@ elif timeout 200 "$BIN/cuda_bench" --backend cuda --random_config tests/gpu/llam
   say "speed 8B: $(grep '^{' "$OUT_DIR/bench_8b.json" | tail -1)"
 else
   say "speed 8B: FAILED or timed out ($(tail -1 "$OUT_DIR/bench_8b.err"))"
+fi
+
+# --- 5. the GEMM algorithms' reference batch: 16 against step 4's 256 ---------------------------
+if [ "$(elapsed)" -gt 370 ]; then
+  say "speed 8B at GEMM reference batch 16: skipped (the run is at $(elapsed) s)"
+elif RIDGESERVE_CUDA_GEMM_REFERENCE_N=16 timeout 90 "$BIN/cuda_bench" --backend cuda \
+     --random_config tests/gpu/llama31_8b_config.json --prefill_tokens 8192 --chunk 8192 \
+     --decode_batches 1,16,64 --decode_tokens 32 --decode_context 1024 --repeats 1 \
+     --peak_tflops 989 --peak_hbm_gbps 4800 >"$OUT_DIR/bench_8b_ref16.json" \
+     2>"$OUT_DIR/bench_8b_ref16.err"; then
+  say "speed 8B at GEMM reference batch 16: $(grep '^{' "$OUT_DIR/bench_8b_ref16.json" | tail -1)"
+else
+  say "speed 8B at GEMM reference batch 16: FAILED or timed out ($(tail -1 "$OUT_DIR/bench_8b_ref16.err"))"
 fi
 
 [ "$SKIPPED_TOTAL" -gt 0 ] && say "NOTE: $SKIPPED_TOTAL GPU test(s) SKIPPED, i.e. not run (no device, or no model)"
