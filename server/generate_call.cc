@@ -171,6 +171,10 @@ GenerateStreamReactor::Next GenerateStreamReactor::PickNextLocked() {
   if (!queue_.empty() && !broken_) {
     in_flight_ = SerializeResponse(queue_.front());
     queue_.pop_front();
+    if (queue_.empty() && engine_done_) {
+      finish_claimed_ = true;
+      return Next::kWriteAndFinish;
+    }
     writing_ = true;
     return Next::kWrite;
   }
@@ -185,6 +189,10 @@ void GenerateStreamReactor::Act(Next next) {
   switch (next) {
     case Next::kWrite:
       StartWrite(&in_flight_);
+      break;
+    case Next::kWriteAndFinish:
+      // No OnWriteDone follows: the call is complete at OnDone.
+      StartWriteAndFinish(&in_flight_, grpc::WriteOptions(), final_status_);
       break;
     case Next::kFinish:
       // final_status_ is not written again once the Finish is claimed.

@@ -110,8 +110,10 @@ class GenerateStreamReactor final : public grpc::ServerWriteReactor<grpc::ByteBu
  private:
   void OnStep(OutputBuilder::Step step);  // the call's lane
   // Under mu_: starts the next write or, when everything is written and the engine is done,
-  // claims the Finish. The caller acts on the result after unlocking.
-  enum class Next { kNothing, kWrite, kFinish };
+  // claims the Finish; the engine's last message goes with the Finish (one batch, so a deadline
+  // cannot fall between the final message and the status). The caller acts on the result after
+  // unlocking.
+  enum class Next { kNothing, kWrite, kWriteAndFinish, kFinish };
   Next PickNextLocked();
   void Act(Next next);
 
