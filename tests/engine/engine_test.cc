@@ -4,6 +4,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <future>
@@ -24,6 +25,108 @@ struct Outcome {
   std::vector<int32_t> tokens;
   FinishReason reason = FinishReason::kNone;
   absl::Status status;
+};
+
+// A backend that forwards to another and counts Alloc calls. Its "graphs" replay by running
+// the recorded ops again, reading the buffers as they are then, as a CUDA graph replays its
+// launches: so the engine takes its decode-graph path (padded buckets, replays) on the CPU.
+class CountingGraphBackend final : public Backend {
+ public:
+  explicit CountingGraphBackend(Backend& inner) : inner_(inner) {}
+
+  std::string_view name() const override { return inner_.name(); }
+  DType DefaultKvCacheDType() const override { return inner_.DefaultKvCacheDType(); }
+  absl::StatusOr<DeviceBuffer> Alloc(size_t bytes) override {
+    ++allocs;
+    return inner_.Alloc(bytes);  // the inner backend's buffer, freed by it
+  }
+  void FreeRaw(void* data) override { inner_.FreeRaw(data); }
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override {
+    inner_.CopyToDevice(dst, src, bytes);
+  }
+  void CopyToHost(void* dst, const void* src, size_t bytes) override {
+    inner_.CopyToHost(dst, src, bytes);
+  }
+  void Synchronize() override { inner_.Synchronize(); }
+  absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) override {
+    return inner_.PackWeight(parts);
+  }
+  absl::Status UnpackWeight(const Weight& w, int64_t row_begin, int64_t rows,
+                            float* host) override {
+    return inner_.UnpackWeight(w, row_begin, rows, host);
+  }
+  void Embed(const Weight& table, int64_t id_begin, const int32_t* ids, int32_t n,
+             float* out) override {
+    inner_.Embed(table, id_begin, ids, n, out);
+  }
+  void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
+               float* out) override {
+    inner_.RmsNorm(x, w, n, dim, eps, out);
+  }
+  void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
+                    const float* w, float eps) override {
+    inner_.RmsNormHeads(x, ld, n, num_heads, head_dim, w, eps);
+  }
+  void LinearRows(const float* x, int32_t n, const Weight& w, int64_t row_begin, int64_t rows,
+                  const float* bias, float* y) override {
+    inner_.LinearRows(x, n, w, row_begin, rows, bias, y);
+  }
+  void Rope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
+            const int32_t* positions, const float* inv_freq) override {
+    inner_.Rope(x, ld, n, num_heads, head_dim, positions, inv_freq);
+  }
+  void StoreKv(const KvLayerView& cache, const float* k, const float* v, int32_t ld, int32_t n,
+               const int32_t* slots) override {
+    inner_.StoreKv(cache, k, v, ld, n, slots);
+  }
+  void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
+                 const AttentionRows& rows, float scale, float* out) override {
+    inner_.Attention(q, ld, num_heads, cache, rows, scale, out);
+  }
+  void SwiGlu(const float* gate_up, int32_t n, int32_t ff, float* out) override {
+    inner_.SwiGlu(gate_up, n, ff, out);
+  }
+  void Add(float* x, const float* y, size_t count) override { inner_.Add(x, y, count); }
+  void GatherRows(const float* src, int32_t dim, const int32_t* index, int32_t n,
+                  float* dst) override {
+    inner_.GatherRows(src, dim, index, n, dst);
+  }
+  void ShiftedRowDots(const float* a, const float* shift, const float* b, int32_t n, int32_t dim,
+                      double* out) override {
+    inner_.ShiftedRowDots(a, shift, b, n, dim, out);
+  }
+  void CopyColumns(const float* src, int64_t src_ld, int32_t rows, int32_t cols, float* dst,
+                   int64_t dst_ld) override {
+    inner_.CopyColumns(src, src_ld, rows, cols, dst, dst_ld);
+  }
+  void Sample(float* logits, int32_t vocab, std::span<const SampleSpec> specs,
+              std::span<const int32_t> penalty_ids, SampledToken* out) override {
+    inner_.Sample(logits, vocab, specs, penalty_ids, out);
+  }
+  bool SupportsGraphs() const override { return true; }
+  absl::StatusOr<std::unique_ptr<BackendGraph>> Record(
+      const std::function<absl::Status()>& ops) override {
+    class Replayed final : public BackendGraph {
+     public:
+      Replayed(std::function<absl::Status()> ops, std::atomic<int>& replays)
+          : ops_(std::move(ops)), replays_(replays) {}
+      bool Replay() override {
+        ++replays_;
+        return ops_().ok();
+      }
+
+     private:
+      std::function<absl::Status()> ops_;
+      std::atomic<int>& replays_;
+    };
+    ++records;
+    return std::make_unique<Replayed>(ops, replays);
+  }
+
+  std::atomic<int> allocs = 0, records = 0, replays = 0;
+
+ private:
+  Backend& inner_;
 };
 
 class EngineTest : public DefaultModelTest {
@@ -261,6 +364,41 @@ TEST_F(EngineTest, AStepBudgetWithoutRoomForItsScratchFailsTheStart) {
   ASSERT_EQ(engine.status().code(), absl::StatusCode::kResourceExhausted) << engine.status();
   EXPECT_NE(engine.status().message().find("cannot allocate"), std::string::npos)
       << engine.status();
+}
+
+// Every buffer a step uses is reserved when the engine starts (what lets CUDA graphs keep their
+// addresses, and a full device fail the start rather than a request): after Create, steps within
+// the budget allocate nothing. Here the decode-graph path runs (padded buckets, replays), the
+// step budget (6 rows) is below the running requests (16), so a decode step padded past 6 rows
+// would outgrow the reservation, and the requests share a cached 12-block prefix, so a step's
+// block tables name more blocks than the 64-block cache has. Their tokens are the references'.
+TEST_F(EngineTest, StepsWithinTheBudgetAllocateNothingAfterTheStart) {
+  CountingGraphBackend counting(*backend_);
+  auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, counting);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions options;
+  options.scheduler.max_batch_tokens = 6;
+  options.scheduler.max_running_requests = 16;
+  options.kv_cache_tokens = 1024;
+  auto engine = Engine::Create(**model, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int at_start = counting.allocs;
+  const std::vector<int32_t> shared = RandomTokens(200, 7);
+  RunConcurrently(**engine, {shared}, {2});  // its 12 full blocks stay cached
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 12; ++i) {
+    std::vector<int32_t> p = shared;
+    const std::vector<int32_t> own = RandomTokens(3, 20 + i);
+    p.insert(p.end(), own.begin(), own.end());
+    prompts.push_back(p);
+  }
+  RunConcurrently(**engine, prompts, std::vector<int>(prompts.size(), 32));
+  EXPECT_GE((*engine)->stats().num_prefix_hit_tokens, 12 * 192);
+  EXPECT_GT(counting.replays, 0) << counting.records << " decode graphs recorded, none replayed";
+  EXPECT_EQ(counting.allocs, at_start) << "allocations after the start";
+  std::printf("%d decode graphs recorded, %d replays\n", counting.records.load(),
+              counting.replays.load());
+  WaitForFreeBlocks(**engine);
 }
 
 TEST_F(EngineTest, RejectsWhatCannotRun) {
