@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-cuda}
 TARGETS=(cuda_attention_plan_test backend_registry_test cuda_ops_test nccl_communicator_test
-         cuda_model_test cuda_bench ridgeserve ridgeserve-cli rs_backend_cuda)
+         cuda_model_test cuda_bench ridgeserve ridgeserve-cli ridgeserve-loadtest rs_backend_cuda)
 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DRIDGESERVE_NATIVE=OFF >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}"

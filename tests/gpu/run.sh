@@ -13,6 +13,8 @@
 #     RIDGESERVE_CUDA_ATTENTION=rows (the f32 rows kernels) and the summary says so. Then the
 #     server on --backend cuda (tests/gpu/server_check.sh): six greedy answers sent at once equal
 #     the same sent one at a time, and /metrics counts the tokens.
+#     Then the host time per decode step at batch 64 (tests/gpu/host_time.sh): the engine
+#     thread's own time a step against the forward passes', 64 requests decoding at once.
 #  3. Speed: prefill tokens/s at 512 and 2048 and single-stream decode tokens/s of the default
 #     model on CUDA and on the CPU (16 threads), in this same run.
 #  4. Speed of a Llama-3.1-8B shape with random bf16 weights (tests/gpu/llama31_8b_config.json,
@@ -67,7 +69,7 @@ if [ "${USE_PREBUILT:-0}" = 1 ]; then
   say "build: skipped (USE_PREBUILT=1)"
 elif timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT_DIR/configure.log" 2>&1; then
-  if timeout 300 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}" cuda_bench ridgeserve ridgeserve-cli \
+  if timeout 300 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}" cuda_bench ridgeserve ridgeserve-cli ridgeserve-loadtest \
        >"$OUT_DIR/build.log" 2>&1; then
     BIN="$BUILD/bin"
     say "build: built here in $(elapsed) s"
@@ -168,6 +170,13 @@ if [ -f "$MODEL" ] && [ -x "$BIN/ridgeserve" ] && [ -x "$BIN/ridgeserve-cli" ]; 
   [ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
 else
   say "server cuda: not checked (no model or no server binaries)"
+fi
+
+# --- 2c. host time per decode step at batch 64 on --backend cuda ------------------------------
+if [ -f "$MODEL" ] && [ -x "$BIN/ridgeserve" ] && [ -x "$BIN/ridgeserve-loadtest" ]; then
+  timeout 90 tests/gpu/host_time.sh "$BIN" cuda "$MODEL" "$OUT_DIR/host_time" | tee -a "$SUMMARY"
+else
+  say "host time cuda: not measured (no model or no server binaries)"
 fi
 
 # --- 3. speed -------------------------------------------------------------------------------
