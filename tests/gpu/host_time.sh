@@ -15,6 +15,7 @@ mkdir -p "$OUT"
 # The prompts' text: real prose (the README where the image has no license texts).
 TEXT=/usr/share/common-licenses/GPL-3
 [ -f "$TEXT" ] || TEXT="$(dirname "$0")/../../README.md"
+# shellcheck source=tests/gpu/server_lib.sh
 source "$(dirname "$0")/server_lib.sh"
 start_server "$BIN" "$BACKEND" "$MODEL" "$OUT/host_time_$BACKEND.log" \
   --max_running_requests 64 --max_batch_tokens 4096

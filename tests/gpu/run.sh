@@ -35,7 +35,7 @@
 # and copies it to /tmp/rs-model/, call 2 carries gpu-model/part.ab (and the sha256) and runs
 # this script, which joins /tmp/rs-model/part.* and gpu-model/part.* and checks the sum.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 OUT_DIR=${1:-${OUT:-/tmp/ridgeserve-gpu-out}}
 mkdir -p "$OUT_DIR"
 MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}

@@ -9,6 +9,7 @@
 set -uo pipefail
 BIN=$1 BACKEND=$2 MODEL=$3 OUT=${4:-$(mktemp -d)}
 mkdir -p "$OUT"
+# shellcheck source=tests/gpu/server_lib.sh
 source "$(dirname "$0")/server_lib.sh"
 start_server "$BIN" "$BACKEND" "$MODEL" "$OUT/server_$BACKEND.log" --max_running_requests 8
 PROMPTS=("The capital of France is" "List three prime numbers:" "Once upon a time, in a small"

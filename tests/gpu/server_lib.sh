@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Helpers for the scripts that start a server on one backend (server_check.sh, host_time.sh);
 # sourced, not run. start_server BIN BACKEND MODEL LOG [FLAGS...] starts it on ports the system
 # picks (read back from its log: no clash with other servers), waits until it is healthy and
