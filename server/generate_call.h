@@ -6,9 +6,9 @@
 // string matched.
 //
 // Lifetime: the engine callback points at the reactor. That is safe because a reactor calls
-// Finish only after it has handled the engine's final event for its request (or when the
-// request never reached the engine), and touches nothing after Finish; gRPC calls OnDone only
-// after Finish.
+// Finish (or StartWriteAndFinish) only after it has handled the engine's final event for its
+// request (or when the request never reached the engine), and touches nothing after it; gRPC
+// calls OnDone only after that.
 #ifndef RIDGESERVE_SERVER_GENERATE_CALL_H_
 #define RIDGESERVE_SERVER_GENERATE_CALL_H_
 

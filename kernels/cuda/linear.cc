@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -114,8 +115,19 @@ absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::Heuristic(int64_t rows, int64
 
 absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::AlgorithmFor(int64_t k) {
   if (auto it = algorithms_.find(k); it != algorithms_.end()) return it->second;
+  int64_t reference_n = reference_n_;
   absl::StatusOr<cublasLtMatmulAlgo_t> algo =
-      Heuristic(kReferenceRows, reference_n_, k, kReferenceRows);
+      Heuristic(kReferenceRows, reference_n, k, kReferenceRows);
+  if (!algo.ok() && reference_n != kReferenceN) {
+    // A small reference batch may get only split-K algorithms: the default's, said.
+    std::fprintf(stderr,
+                 "ridgeserve: no cuBLASLt algorithm without split-K for k = %lld at %lld rows; "
+                 "using the one chosen at %lld (%s)\n",
+                 static_cast<long long>(k), static_cast<long long>(reference_n_),
+                 static_cast<long long>(kReferenceN), std::string(algo.status().message()).c_str());
+    reference_n = kReferenceN;
+    algo = Heuristic(kReferenceRows, reference_n, k, kReferenceRows);
+  }
   if (!algo.ok()) return algo;
   algorithms_.emplace(k, *algo);
   // Once per k, for reading a run's speed: which kernel every GEMM with this k runs.
@@ -123,7 +135,7 @@ absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::AlgorithmFor(int64_t k) {
                "ridgeserve: cuBLASLt algorithm for k = %lld (chosen at %lld x %lld rows): id %d, "
                "tile %u, stages %u, CTA swizzling %u\n",
                static_cast<long long>(k), static_cast<long long>(kReferenceRows),
-               static_cast<long long>(reference_n_),
+               static_cast<long long>(reference_n),
                AlgoConfig<int32_t>(*algo, CUBLASLT_ALGO_CONFIG_ID),
                AlgoConfig<uint32_t>(*algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
                AlgoConfig<uint32_t>(*algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),

@@ -23,11 +23,10 @@ start_server "$BIN" "$BACKEND" "$MODEL" "$OUT/host_time_$BACKEND.log" \
   --warmup_requests 0 --prompt_tokens fixed:64 --output_tokens "fixed:$OUTPUT" --text "$TEXT" \
   >"$OUT/host_time_loadtest.txt" 2>&1 &
 LOADTEST=$!
-scrape() {
-  echo "$(metric ridgeserve_engine_steps_total) $(metric ridgeserve_engine_step_rows_total)" \
-    "$(metric 'ridgeserve_engine_step_seconds_total{part="host"}')" \
-    "$(metric 'ridgeserve_engine_step_seconds_total{part="forward"}')" \
-    "$(metric ridgeserve_num_requests_running)"
+scrape() {  # steps, rows, host seconds, forward seconds, running: one engine snapshot
+  metrics ridgeserve_engine_steps_total ridgeserve_engine_step_rows_total \
+    'ridgeserve_engine_step_seconds_total{part="host"}' \
+    'ridgeserve_engine_step_seconds_total{part="forward"}' ridgeserve_num_requests_running
 }
 # The window opens once all 64 requests run and the engine's steps are 64 rows each, over two
 # steps at least: 64 decode rows (a prompt's prefill also takes 64 rows, but not with the other

@@ -175,6 +175,8 @@ fi
 # --- 2c. host time per decode step at batch 64 on --backend cuda ------------------------------
 if [ -f "$MODEL" ] && [ -x "$BIN/ridgeserve" ] && [ -x "$BIN/ridgeserve-loadtest" ]; then
   timeout 90 tests/gpu/host_time.sh "$BIN" cuda "$MODEL" "$OUT_DIR/host_time" | tee -a "$SUMMARY"
+  rc=${PIPESTATUS[0]}
+  [ "$rc" -eq 0 ] || say "host time cuda: FAILED or timed out (exit $rc; $OUT_DIR/host_time)"
 else
   say "host time cuda: not measured (no model or no server binaries)"
 fi

@@ -17,7 +17,6 @@ PROMPTS=("The capital of France is" "List three prime numbers:" "Once upon a tim
 answer() { cli generate --temperature 0 --max_new_tokens 40 --ignore_eos --prompt "$1"; }
 for i in "${!PROMPTS[@]}"; do answer "${PROMPTS[$i]}" >"$OUT/solo_$i.txt" 2>"$OUT/solo_$i.err"; done
 steps_before=$(metric ridgeserve_engine_steps_total)
-steps_before=${steps_before%.*}
 clients=()
 for i in "${!PROMPTS[@]}"; do
   answer "${PROMPTS[$i]}" >"$OUT/batched_$i.txt" 2>"$OUT/batched_$i.err" &
@@ -25,7 +24,6 @@ for i in "${!PROMPTS[@]}"; do
 done
 wait "${clients[@]}"
 steps_after=$(metric ridgeserve_engine_steps_total)
-steps=$((${steps_after%.*} - ${steps_before:-0}))
 same=0
 for i in "${!PROMPTS[@]}"; do
   if [ -s "$OUT/solo_$i.txt" ] && cmp -s "$OUT/solo_$i.txt" "$OUT/batched_$i.txt"; then
@@ -35,8 +33,13 @@ for i in "${!PROMPTS[@]}"; do
   fi
 done
 tokens=$(metric ridgeserve_generation_tokens_total)  # 12 requests x 40 (warm-up is not counted)
+for v in "$steps_before" "$steps_after" "$tokens"; do
+  [ "$v" != - ] || { echo "server $BACKEND: /metrics lacks a series it must have"; exit 1; }
+done
+steps=$((${steps_after%.*} - ${steps_before%.*}))
 tokens=${tokens%.*}
 want=$((2 * ${#PROMPTS[@]} * 40))
 echo "server $BACKEND: $same/${#PROMPTS[@]} batched answers equal the solo ones, in $steps engine" \
   "steps (one request alone takes 41); /metrics counts ${tokens:-no} generated tokens (want $want)"
-[ "$same" -eq "${#PROMPTS[@]}" ] && [ "$steps" -lt 82 ] && [ "${tokens:-0}" -eq "$want" ]
+[ "$same" -eq "${#PROMPTS[@]}" ] && [ "$steps" -gt 0 ] && [ "$steps" -lt 82 ] &&
+  [ "$tokens" -eq "$want" ]

@@ -26,10 +26,21 @@ start_server() {
 cli() { "$BIN/ridgeserve-cli" --target "127.0.0.1:$PORT" "$@"; }
 
 # One series of /metrics (`name` or `name{labels}` as printed) in fixed point (six decimals;
-# ${value%.*} is its integer part), read over bash's /dev/tcp (no curl on every image); empty
-# when absent.
-metric() {
+# ${value%.*} is its integer part), read over bash's /dev/tcp (no curl on every image); `-` when
+# absent.
+metric() { metrics "$1"; }
+
+# Several series from ONE scrape (one engine snapshot), space separated in the order given,
+# `-` for a series that is absent.
+metrics() {
   timeout 10 bash -c "exec 3<>/dev/tcp/127.0.0.1/$METRICS &&
     printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3 && cat <&3" |
-    awk -v name="$1" '$1 == name {printf "%.6f\n", $2}'
+    awk -v names="$*" 'BEGIN { n = split(names, want, " ") }
+      { value[$1] = $2 }
+      END {
+        for (i = 1; i <= n; i++) {
+          printf "%s%s", (i > 1 ? " " : ""), (want[i] in value ? sprintf("%.6f", value[want[i]]) : "-")
+        }
+        printf "\n"
+      }'
 }

@@ -165,6 +165,10 @@ def check_hot_reload(srv, live):
     def stream():
         result["r"] = consume_stream(srv.stub.GenerateStream(long_req, timeout=300))
 
+    # The reference request out of the engine's stats first, then the in-flight one in them.
+    wait_for("the reference request done",
+             lambda: (lambda s: s.num_requests_running + s.num_requests_waiting == 0)(srv.stats()),
+             60, 0.01)
     t = threading.Thread(target=stream)
     t.start()
     # The server took its maps when it accepted the call, before the engine counts it.

@@ -226,8 +226,8 @@ class Soak:
             setattr(req.sampling, field, value)
             rec.details_field = field
             self._stream(rec, req) if stream else self._unary(rec, req)
-        rec.t_end = time.monotonic()
-        with self.lock:
+        with self.lock:  # ended and out of `active` at once (complete_kind_in_flight_since)
+            rec.t_end = time.monotonic()
             self.active.discard(rec)
             self.records.append(rec)
         return rec.code

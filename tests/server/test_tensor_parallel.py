@@ -132,16 +132,21 @@ def main():
             threads = []
             for i in range(3):
                 def body(i=i):
-                    call = srv.stub.GenerateStream(greedy_request(
-                        token_ids=corpus[100 * i:100 * i + 40], max_new_tokens=64,
-                        ignore_eos=True), timeout=300)
-                    results[i] = consume_stream(call, on_message=lambda r: started[i].set())
+                    try:
+                        call = srv.stub.GenerateStream(greedy_request(
+                            token_ids=corpus[100 * i:100 * i + 40], max_new_tokens=64,
+                            ignore_eos=True), timeout=300)
+                        results[i] = consume_stream(call, on_message=lambda r: started[i].set())
+                    finally:
+                        started[i].set()  # a stream that fails says so below, not by a timeout
                 threads.append(threading.Thread(target=body))
                 threads[-1].start()
             # SIGTERM once every stream is being served (each has a token).
             for i, e in enumerate(started):
                 expect(e.wait(120), f"stream {i} had no token after 120 s")
+            running = srv.stats().num_requests_running
             srv.send_signal(signal.SIGTERM)
+            expect(running >= 1, "no stream was still running at SIGTERM")
             for t in threads:
                 t.join(300)
             for i, r in enumerate(results):
