@@ -82,10 +82,13 @@ else
 fi
 if [ -z "$BIN" ] && [ -d gpu-prebuilt/bin ]; then
   BIN=gpu-prebuilt/bin
-  # The prebuilt folder holds the project's non-CUDA libraries; CUDA's come from this image.
+  # The prebuilt folder holds the project's non-CUDA libraries; CUDA's come from this image
+  # (or its pip wheels: Python's site-packages folders, split into find's paths on purpose).
+  # shellcheck disable=SC2046
   CUDA_LIBS=$(dirname "$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/lib/x86_64-linux-gnu \
     $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
     -name 'libcublasLt.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+  # shellcheck disable=SC2046
   NCCL_LIBS=$(dirname "$(find /usr/local/cuda*/lib* /usr/lib/x86_64-linux-gnu \
     $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
     -name 'libnccl.so.2*' 2>/dev/null | head -1)" 2>/dev/null)
