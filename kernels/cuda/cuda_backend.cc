@@ -130,7 +130,9 @@ class CudaBackend final : public Backend {
     attention_tiles_ = *tiles && static_cast<size_t>(shared_optin) >=
                                      cuda::TileSharedBytes(cuda::kMaxTileHeadDim, /*walk=*/true);
     CUDA_RETURN_IF_ERROR(cuda::PrepareAttentionKernels(attention_tiles_));
-    CUDA_RETURN_IF_ERROR(cuda::PrepareSampleKernels());
+    absl::StatusOr<size_t> bitmap_limit = cuda::PrepareSampleKernels(device_);
+    if (!bitmap_limit.ok()) return bitmap_limit.status();
+    sample_bitmap_limit_ = *bitmap_limit;
     return absl::OkStatus();
   }
 
@@ -287,7 +289,8 @@ class CudaBackend final : public Backend {
     const uint16_t* wr = Packed(w).data() + row_begin * k;
     // cuBLASLt's algorithms want 16-byte aligned rows of y; otherwise compute into a scratch
     // with padded rows, kPaddedOutputRows at a time, and copy (the same algorithm, so the same
-    // bits). ReserveOps sized that scratch for the model's widths.
+    // bits). ReserveOps sized that scratch for the model's widths that are not multiples of 4;
+    // the model's outputs start buffers, so a width that is a multiple of 4 goes direct.
     const bool direct = rows % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
     if (direct) {
       linear_->Run(x_bf16_.as<uint16_t>(), n, wr, rows, k, y, rows);
@@ -380,9 +383,11 @@ class CudaBackend final : public Backend {
 
   bool SupportsGraphs() const override { return true; }
 
-  // Stream capture in thread-local mode: the ops enqueue onto the capturing stream. A call
-  // that would synchronize or copy from pageable memory invalidates the capture (an error
-  // here); an op whose scratch would grow stops the process (Ensure), as any op failure does.
+  // Stream capture in thread-local mode: the ops enqueue onto the capturing stream. A status
+  // from `ops` or a capture the driver invalidated is returned. A call that synchronizes
+  // (CopyToHost, Synchronize, Sample) is not allowed in a recording: CUDA refuses it and its
+  // CUDA_CHECK stops the process naming the call, as an op whose scratch would grow does
+  // (Ensure) and as any op failure does.
   absl::StatusOr<std::unique_ptr<BackendGraph>> Record(
       const std::function<absl::Status()>& ops) override {
     SetDevice();
@@ -426,6 +431,7 @@ class CudaBackend final : public Backend {
 
   absl::Status ReserveSampling(int32_t rows, int32_t vocab, int64_t penalty_ids) override {
     SetDevice();
+    if (absl::Status s = cuda::CheckPenaltyBitmap(vocab, sample_bitmap_limit_); !s.ok()) return s;
     // Every row sorted: the most the keys and the sort's storage can need.
     std::vector<SampleSpec> all(static_cast<size_t>(rows));
     for (SampleSpec& spec : all) spec.top_p = 0.5f;
@@ -446,6 +452,9 @@ class CudaBackend final : public Backend {
               std::span<const int32_t> penalty_ids, SampledToken* out) override {
     if (specs.empty()) return;
     SetDevice();
+    if (absl::Status s = cuda::CheckPenaltyBitmap(vocab, sample_bitmap_limit_); !s.ok()) {
+      cuda::Fatal(s);
+    }
     absl::StatusOr<cuda::SamplePlan> plan = cuda::PlanSample(specs, vocab, penalty_ids.size());
     if (!plan.ok()) cuda::Fatal(plan.status());
     if (absl::Status s = EnsureSampling(*plan, vocab, specs.size()); !s.ok()) cuda::Fatal(s);
@@ -458,6 +467,7 @@ class CudaBackend final : public Backend {
     cuda::SampleArgs args;
     args.logits = logits;
     args.vocab = vocab;
+    args.bitmap_bytes = cuda::PenaltyBitmapBytes(vocab);
     args.num_specs = static_cast<int32_t>(specs.size());
     args.num_slots = slots;
     args.specs = reinterpret_cast<const SampleSpec*>(upload + plan->specs_offset);
@@ -564,6 +574,7 @@ class CudaBackend final : public Backend {
   bool attention_tiles_ = false;      // bf16 caches on the tiles (Init)
   DeviceBuffer pack_device_;          // PackWeight's f32 rows on the device
   float* pack_host_ = nullptr;        // ... and on the host (pinned)
+  size_t sample_bitmap_limit_ = 0;    // the sampling kernels' shared memory (Init)
   // Sample's: the upload (pinned on the host, and on the device), keys, sort storage, tokens.
   uint8_t* sample_host_ = nullptr;
   size_t sample_host_bytes_ = 0;

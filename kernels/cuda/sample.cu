@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cstdint>
@@ -5,8 +6,6 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/sample.h"
 #include "kernels/philox.h"
@@ -15,11 +14,6 @@ namespace ridgeserve::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-// The penalty bitmap's limit, 1.6M ids: over the 48 KiB of dynamic shared memory a kernel gets
-// without opting in (PrepareSampleKernels opts in), within the 227 KiB an H100/H200 CTA may have.
-constexpr size_t kMaxBitmapBytes = 200 * 1024;
-
-size_t BitmapBytes(int32_t vocab) { return sizeof(uint32_t) * ((size_t(vocab) + 31) / 32); }
 
 // The row's logits after the repetition penalty, for the ids marked in `bits`.
 struct PenalizedRow {
@@ -143,7 +137,10 @@ __device__ double ChunkPrefix(const Weight& weight, int32_t n, TempStorage& temp
 }
 
 // The first i in [0, n) whose cumulative weight reaches `target` (>= when `inclusive`, else
-// >), each thread walking its chunk from `exclusive`; -1 when none does.
+// > with a positive weight of its own), each thread walking its chunk from `exclusive`; -1
+// when none does. A chunk's `exclusive` (the scan's tree) may round above where the chunk
+// before it ended (its own walk): without the weight test an id of weight zero at a chunk's
+// start could be drawn.
 template <typename Weight>
 __device__ int32_t FirstPassing(const Weight& weight, int32_t n, double exclusive, double target,
                                 bool inclusive, TempStorage& temp) {
@@ -153,8 +150,9 @@ __device__ int32_t FirstPassing(const Weight& weight, int32_t n, double exclusiv
   int32_t found = INT_MAX;
   double cumulative = exclusive;
   for (int32_t i = begin; i < end; ++i) {
-    cumulative += weight(i);
-    if (inclusive ? cumulative >= target : target < cumulative) {
+    const double w = weight(i);
+    cumulative += w;
+    if (inclusive ? cumulative >= target : w > 0.0 && target < cumulative) {
       found = i;
       break;
     }
@@ -277,27 +275,32 @@ size_t SampleSortTempBytes(int32_t num_slots, int32_t vocab) {
   return bytes;
 }
 
-cudaError_t PrepareSampleKernels() {
-  for (const void* kernel :
-       {reinterpret_cast<const void*>(SortKeysKernel), reinterpret_cast<const void*>(DrawKernel)}) {
-    const cudaError_t error = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxBitmapBytes));
-    if (error != cudaSuccess) return error;
+absl::StatusOr<size_t> PrepareSampleKernels(int device) {
+  const void* kernels[] = {reinterpret_cast<const void*>(SortKeysKernel),
+                           reinterpret_cast<const void*>(DrawKernel)};
+  int optin = 0;
+  CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  // What every kernel may have beside its own static shared memory.
+  size_t own = 0;
+  for (const void* kernel : kernels) {
+    cudaFuncAttributes attributes;
+    CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, kernel));
+    own = std::max(own, attributes.sharedSizeBytes);
   }
-  return cudaSuccess;
+  const size_t limit = static_cast<size_t>(optin) > own ? static_cast<size_t>(optin) - own : 0;
+  for (const void* kernel : kernels) {
+    CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(limit)));
+  }
+  return limit;
 }
 
 void LaunchSample(const SampleArgs& a, cudaStream_t stream) {
   if (a.num_specs == 0) return;
-  const size_t bitmap = BitmapBytes(a.vocab);
-  if (bitmap > kMaxBitmapBytes) {
-    Fatal(absl::InvalidArgumentError(absl::StrCat("CUDA sampling: a vocabulary of ", a.vocab,
-                                                  " ids is over the ", kMaxBitmapBytes * 8,
-                                                  " the penalty bitmap holds")));
-  }
   const uint64_t* sorted = nullptr;
   if (a.num_slots > 0) {
-    SortKeysKernel<<<a.num_slots, kThreads, bitmap, stream>>>(a);
+    SortKeysKernel<<<a.num_slots, kThreads, a.bitmap_bytes, stream>>>(a);
     CUDA_CHECK_LAUNCH();
     size_t bytes = a.sort_temp_bytes;
     cub::DoubleBuffer<uint64_t> keys(a.keys[0], a.keys[1]);
@@ -306,7 +309,7 @@ void LaunchSample(const SampleArgs& a, cudaStream_t stream) {
         a.slot_offsets + 1, 0, 64, stream));
     sorted = keys.Current();
   }
-  DrawKernel<<<a.num_specs, kThreads, bitmap, stream>>>(a, sorted);
+  DrawKernel<<<a.num_specs, kThreads, a.bitmap_bytes, stream>>>(a, sorted);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "kernels/sample_spec.h"
 
 namespace ridgeserve::cuda {
@@ -26,6 +27,9 @@ namespace ridgeserve::cuda {
 struct SampleArgs {
   const float* logits = nullptr;  // [rows, vocab]
   int32_t vocab = 0;
+  // The penalty bitmap's shared memory (PenaltyBitmapBytes, checked against the limit
+  // PrepareSampleKernels gave).
+  size_t bitmap_bytes = 0;
   int32_t num_specs = 0;
   int32_t num_slots = 0;
   // The upload (SamplePlan's layout), on the device.
@@ -45,11 +49,11 @@ struct SampleArgs {
 // The sort's temporary storage for `num_slots` slots of `vocab` keys.
 size_t SampleSortTempBytes(int32_t num_slots, int32_t vocab);
 
-// Lets the kernels use the shared memory the largest penalty bitmap needs (once per device,
-// at the backend's start).
-cudaError_t PrepareSampleKernels();
+// Lets the kernels use all the shared memory a CTA may opt into on `device` beside their own,
+// and returns that many bytes: the largest penalty bitmap they take (CheckPenaltyBitmap in
+// sample_plan.h). Once per device, at the backend's start.
+absl::StatusOr<size_t> PrepareSampleKernels(int device);
 
-// Fails (cuda::Fatal) for a vocabulary whose penalty bitmap does not fit a CTA's shared memory.
 void LaunchSample(const SampleArgs& args, cudaStream_t stream);
 
 }  // namespace ridgeserve::cuda

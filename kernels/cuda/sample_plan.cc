@@ -20,6 +20,20 @@ size_t SampleScratchBytes(int32_t rows, int32_t vocab, int64_t penalty_ids) {
   return 2 * keys + upload + sizeof(SampledToken) * n;
 }
 
+size_t PenaltyBitmapBytes(int32_t vocab) {
+  return sizeof(uint32_t) * ((static_cast<size_t>(vocab) + 31) / 32);
+}
+
+absl::Status CheckPenaltyBitmap(int32_t vocab, size_t limit_bytes) {
+  const size_t bytes = PenaltyBitmapBytes(vocab);
+  if (bytes <= limit_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "CUDA sampling: a vocabulary of ", vocab, " ids needs ", bytes,
+      " bytes of shared memory for its repetition-penalty bitmap; this device gives the "
+      "sampling kernels ",
+      limit_bytes));
+}
+
 absl::StatusOr<SamplePlan> PlanSample(std::span<const SampleSpec> specs, int32_t vocab,
                                       size_t num_penalty_ids) {
   SamplePlan plan;

@@ -45,6 +45,13 @@ struct SamplePlan {
 // kilobytes (left to the memory plan's reserve).
 size_t SampleScratchBytes(int32_t rows, int32_t vocab, int64_t penalty_ids);
 
+// The repetition penalty's bitmap (a bit per id), which a draw keeps in a CTA's shared memory.
+size_t PenaltyBitmapBytes(int32_t vocab);
+
+// InvalidArgument naming both sizes when the bitmap for `vocab` is over `limit_bytes`, the
+// shared memory this device's sampling kernels may use (PrepareSampleKernels).
+absl::Status CheckPenaltyBitmap(int32_t vocab, size_t limit_bytes);
+
 // InvalidArgument when the sorted keys would not fit the sort's int offsets.
 absl::StatusOr<SamplePlan> PlanSample(std::span<const SampleSpec> specs, int32_t vocab,
                                       size_t num_penalty_ids);

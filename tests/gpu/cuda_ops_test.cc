@@ -665,6 +665,15 @@ TEST_F(CudaOpsTest, SamplingWithinTheReservationAllocatesNothing) {
   EXPECT_EQ(taken, 0);
 }
 
+// A vocabulary whose penalty bitmap is over what this device lets a CTA hold (8M ids: 1 MiB,
+// over every GPU's shared memory) is refused at the reservation, naming it, not at a launch.
+TEST_F(CudaOpsTest, ReserveSamplingRefusesAVocabularyOverTheSharedMemory) {
+  const absl::Status refused = cuda_->ReserveSampling(1, 8 << 20, 0);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("8388608 ids"), std::string::npos) << refused;
+  EXPECT_TRUE(cuda_->ReserveSampling(1, 400000, 0).ok());
+}
+
 // The same for the ops' scratch (Backend::ReserveOps): after a reservation for 300-row steps,
 // Linears of every width the shapes name (4001 through the padded output) and attention over
 // 300 rows on a bf16 cache (the tiles) and an f16 one (the rows kernels) allocate nothing. Each

@@ -84,5 +84,26 @@ TEST(SamplePlanTest, RefusesMoreSortedKeysThanTheSortCounts) {
   EXPECT_NE(plan.status().message().find("3 sorted rows"), std::string::npos) << plan.status();
 }
 
+TEST(SamplePlanTest, PenaltyBitmapIsABitPerIdInWholeWords) {
+  EXPECT_EQ(PenaltyBitmapBytes(1), 4u);
+  EXPECT_EQ(PenaltyBitmapBytes(32), 4u);
+  EXPECT_EQ(PenaltyBitmapBytes(33), 8u);
+  EXPECT_EQ(PenaltyBitmapBytes(49152), 6144u);    // SmolLM2
+  EXPECT_EQ(PenaltyBitmapBytes(128256), 16032u);  // Llama 3
+  EXPECT_EQ(PenaltyBitmapBytes(151936), 18992u);  // Qwen 2.5 / 3
+}
+
+// The limit is the device's (PrepareSampleKernels): a vocabulary over it is refused at the
+// start with both sizes named, not left to fail a launch mid-request.
+TEST(SamplePlanTest, RefusesAVocabularyWhoseBitmapIsOverTheDevicesSharedMemory) {
+  const int32_t vocab = 151936;
+  EXPECT_TRUE(CheckPenaltyBitmap(vocab, 18992).ok());
+  const absl::Status over = CheckPenaltyBitmap(vocab, 18991);
+  EXPECT_EQ(over.code(), absl::StatusCode::kInvalidArgument);
+  for (const char* part : {"151936 ids", "18992 bytes", "18991"}) {
+    EXPECT_NE(over.message().find(part), std::string::npos) << part << ": " << over;
+  }
+}
+
 }  // namespace
 }  // namespace ridgeserve::cuda
