@@ -253,6 +253,10 @@ class Backend {
   // order; a backend may add in another fixed order (its header says which).
   virtual void ShiftedRowDots(const float* a, const float* shift, const float* b, int32_t n,
                               int32_t dim, double* out) = 0;
+  // out[i, j] = a[i, j] − shift[j] in float; a and out [n, dim] (may be the same), shift
+  // [dim].
+  virtual void ShiftRows(const float* a, const float* shift, int32_t n, int32_t dim,
+                         float* out) = 0;
   // dst[i * dst_ld + j] = src[i * src_ld + j] for i < rows, j < cols.
   virtual void CopyColumns(const float* src, int64_t src_ld, int32_t rows, int32_t cols, float* dst,
                            int64_t dst_ld) = 0;

@@ -56,7 +56,10 @@ absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int64_t meta_ints) {
     RS_ASSIGN_OR_RETURN(buffer, backend_.Alloc(element * n));
     return absl::OkStatus();
   };
+  // Recordings point at the buffers: they go before the first buffer moves, so a growth that
+  // fails half-way leaves none pointing at freed memory.
   if (rows > capacity_rows_) {
+    graphs_.clear();
     const int64_t qkv_dim = q_dim_ + 2 * kv_dim_;
     const int64_t r = rows;
     for (auto [buffer, n] : {std::pair{&x_, r * config_.hidden},
@@ -71,18 +74,18 @@ absl::Status LlamaModel::EnsureWorkspace(int32_t rows, int64_t meta_ints) {
     }
     RS_RETURN_IF_ERROR(alloc(perm_, r, sizeof(int32_t)));
     capacity_rows_ = rows;
-    graphs_.clear();  // they point at the old buffers
   }
   if (meta_ints > capacity_meta_) {
+    graphs_.clear();
     RS_RETURN_IF_ERROR(alloc(step_meta_, meta_ints, sizeof(int32_t)));
     capacity_meta_ = meta_ints;
-    graphs_.clear();
   }
   return absl::OkStatus();
 }
 
 absl::Status LlamaModel::EnsureLogitRows(int32_t rows) {
   if (rows <= capacity_logit_rows_) return absl::OkStatus();
+  graphs_.clear();  // before a buffer moves, as in EnsureWorkspace
   const size_t floats = size_t(rows) * shard_.vocab_stride;
   RS_ASSIGN_OR_RETURN(logits_, backend_.Alloc(sizeof(float) * floats));
   if (comm_ != nullptr) {
@@ -93,7 +96,6 @@ absl::Status LlamaModel::EnsureLogitRows(int32_t rows) {
     }
   }
   capacity_logit_rows_ = rows;
-  graphs_.clear();
   return absl::OkStatus();
 }
 

@@ -205,12 +205,14 @@ class LlamaModel {
   void StoreKvFromProjection(int32_t layer, float* kv_proj, const FilledRows& rows,
                              const KvLayerView& kv, const float* k_norm_heads = nullptr);
   // Scratch a RowFill may use during its calls (backend, room for the batch's rows):
-  // `hidden` [rows, hidden] and `kv` [rows, 2 kv_dim]. StoreKvFromInput uses `kv` itself.
+  // `hidden` and `input` [rows, hidden], `kv` [rows, 2 kv_dim]. StoreKvFromInput uses `kv` and
+  // `input` itself (its RMSNorm's output), so neither holds anything across that call.
   struct FillScratch {
     float* hidden;
     float* kv;
+    float* input;
   };
-  FillScratch fill_scratch() { return {proj_.as<float>(), qkv_.as<float>()}; }
+  FillScratch fill_scratch() { return {proj_.as<float>(), qkv_.as<float>(), xn_.as<float>()}; }
 
   // Runs the batch. The logits of batch.logit_rows stay on the backend until the next Run
   // (rank 0; at TP > 1 gathered there from every rank), for SampleLogits and CopyLogits. A

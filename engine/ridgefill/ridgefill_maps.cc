@@ -97,11 +97,7 @@ absl::StatusOr<std::vector<RidgeFillSplitMaps>> LoadRank(const MapSet& maps, Lla
       if (shard.rank == 0) {
         const std::vector<float> inverse(split.leverage_inverse.begin(),
                                          split.leverage_inverse.end());
-        std::vector<float> bias(hidden, 0.0f);  // −M μ
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, hidden, hidden, -1.0f, inverse.data(), hidden,
-                    out.leverage_mean.data(), 1, 0.0f, bias.data(), 1);
         RS_ASSIGN_OR_RETURN(out.leverage_inverse, PackF32(backend, inverse, hidden, hidden));
-        RS_ASSIGN_OR_RETURN(out.leverage_bias, Upload(backend, bias));
         RS_ASSIGN_OR_RETURN(out.leverage_shift, Upload(backend, out.leverage_mean));
       }
     }
@@ -242,11 +238,14 @@ void RidgeFillMaps::SelectExactRows(LlamaModel& model, const FilledRows& rows,
   const RidgeFillSplitMaps& maps = *FindSplit(rows.split_layer, model.shard().rank);
   const int32_t hidden = model.config().hidden;
   Backend& backend = model.backend();
-  // leverage = (h − μ) · (M h − M μ): M h − M μ from one GEMM, the row dots on the backend;
-  // only the rows' leverages come back.
+  // leverage = (h − μ) · M (h − μ): the rows centred in f32, one GEMM, the row dots on the
+  // backend; only the rows' leverages come back. Centred before the GEMM, not M h − M μ after
+  // it: a backend that rounds a GEMM's input (CUDA: bf16) would round h, whose channels with a
+  // large mean (massive activations) dwarf their spread, and M, the inverse of the spread,
+  // magnifies exactly those directions.
   const LlamaModel::FillScratch scratch = model.fill_scratch();
-  backend.Linear(rows.h, rows.count, maps.leverage_inverse, maps.leverage_bias.as<float>(),
-                 scratch.hidden);
+  backend.ShiftRows(rows.h, maps.leverage_shift.as<float>(), rows.count, hidden, scratch.input);
+  backend.Linear(scratch.input, rows.count, maps.leverage_inverse, nullptr, scratch.hidden);
   // A double a row in the K/V scratch (2 kv_dim floats a row), which the fill has not used yet.
   double* leverages = reinterpret_cast<double*>(scratch.kv);
   backend.ShiftedRowDots(rows.h, maps.leverage_shift.as<float>(), scratch.hidden, rows.count,

@@ -58,11 +58,10 @@ struct RidgeFillSplitMaps {
   int32_t split_layer = 0;
   bool folded = false;  // post_norm or kv: K/V come from kv_weight applied to h_s
   // Outlier-row test (leverage_mean empty when the file has none): leverage(h) =
-  // (h − μ)ᵀ M (h − μ), with M = (G + λI)⁻¹ of the split's centred calibration Gram, computed
-  // as (h − μ) · (M h + leverage_bias) where leverage_bias = −M μ. [hidden, hidden], [hidden];
-  // on rank 0 only (it decides for every rank).
+  // (h − μ)ᵀ M (h − μ), with M = (G + λI)⁻¹ of the split's centred calibration Gram
+  // [hidden, hidden], computed as (h − μ) · M (h − μ) with the rows centred before the GEMM.
+  // On rank 0 only (it decides for every rank).
   Weight leverage_inverse;
-  DeviceBuffer leverage_bias;
   DeviceBuffer leverage_shift;       // μ on the backend (rank 0)
   std::vector<float> leverage_mean;  // μ, host, on every rank
   // by_layer[l] for l in [s + 2, num_layers); entries below s + 2 are empty.

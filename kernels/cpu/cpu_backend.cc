@@ -170,6 +170,12 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void ShiftRows(const float* a, const float* shift, int32_t n, int32_t dim, float* out) override {
+    for (int64_t i = 0; i < n; ++i) {
+      for (int32_t j = 0; j < dim; ++j) out[i * dim + j] = a[i * dim + j] - shift[j];
+    }
+  }
+
   void CopyColumns(const float* src, int64_t src_ld, int32_t rows, int32_t cols, float* dst,
                    int64_t dst_ld) override {
     for (int32_t i = 0; i < rows; ++i) {

@@ -187,6 +187,13 @@ class CudaBackend final : public Backend {
   absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) override {
     if (parts.empty()) return absl::InvalidArgumentError("PackWeight: no parts");
     const int64_t cols = parts[0].cols;
+    // Checked here, at the load, rather than at a request's first Linear (CublasLinear::Run).
+    if (cols <= 0 || cols % 8 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PackWeight: a weight of ", cols,
+                       " columns; the CUDA GEMMs take rows of a positive multiple of 8 (16-byte "
+                       "aligned bf16 rows)"));
+    }
     int64_t rows = 0;
     for (const HostTensor& part : parts) {
       if (part.cols != cols) {
@@ -371,6 +378,11 @@ class CudaBackend final : public Backend {
                       double* out) override {
     SetDevice();
     cuda::LaunchShiftedRowDots(a, shift, b, n, dim, out, stream_);
+  }
+
+  void ShiftRows(const float* a, const float* shift, int32_t n, int32_t dim, float* out) override {
+    SetDevice();
+    cuda::LaunchShiftRows(a, shift, n, dim, out, stream_);
   }
 
   void CopyColumns(const float* src, int64_t src_ld, int32_t rows, int32_t cols, float* dst,

@@ -15,8 +15,8 @@
 //     F32 and F16 caches: the rows kernels, within f32 rounding of the CPU. BF16 caches with
 //     head_dim 64 or 128: the tensor-core tiles, with the query and softmax weights rounded to
 //     bf16 for the products; RIDGESERVE_CUDA_ATTENTION=rows keeps them on the rows kernels.
-//   - RmsNorm, RmsNormHeads, Rope, SwiGlu, Add, GatherRows, StoreKv: the header's arithmetic
-//     per element; only reduction orders (RmsNorm's double sum) differ from the CPU.
+//   - RmsNorm, RmsNormHeads, Rope, SwiGlu, Add, ShiftRows, GatherRows, StoreKv: the header's
+//     arithmetic per element; only reduction orders (RmsNorm's double sum) differ from the CPU.
 //   - ShiftedRowDots: kernels/cuda/row_dots.h (a fixed tree, not the CPU's j order).
 //   - Sample: kernels/cuda/sample.h (the CPU's token except where rounding decides).
 //   - DefaultKvCacheDType: BF16 (the activations' precision already; half the bytes of F32).

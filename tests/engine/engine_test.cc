@@ -95,6 +95,9 @@ class CountingGraphBackend final : public Backend {
                       double* out) override {
     inner_.ShiftedRowDots(a, shift, b, n, dim, out);
   }
+  void ShiftRows(const float* a, const float* shift, int32_t n, int32_t dim, float* out) override {
+    inner_.ShiftRows(a, shift, n, dim, out);
+  }
   void CopyColumns(const float* src, int64_t src_ld, int32_t rows, int32_t cols, float* dst,
                    int64_t dst_ld) override {
     inner_.CopyColumns(src, src_ld, rows, cols, dst, dst_ld);

@@ -180,6 +180,22 @@ TEST_F(CudaOpsTest, ShiftedRowDotsMatchCpu) {
   }
 }
 
+// One float subtraction an element on both: bitwise equal, a vector far from the rows' values.
+TEST_F(CudaOpsTest, ShiftRowsIsBitwiseCpu) {
+  const int32_t n = 37, dim = 4096;
+  const auto a = RandomFloats(size_t(n) * dim, 13, -4.0f, 4.0f);
+  const auto shift = RandomFloats(dim, 14, 100.0f, 200.0f);
+  std::vector<float> results[2];
+  Backend* backends[2] = {cpu_.get(), cuda_.get()};
+  for (int k = 0; k < 2; ++k) {
+    DeviceBuffer da = Upload(*backends[k], a), ds = Upload(*backends[k], shift);
+    DeviceBuffer out = *backends[k]->Alloc(sizeof(float) * a.size());
+    backends[k]->ShiftRows(da.as<float>(), ds.as<float>(), n, dim, out.as<float>());
+    results[k] = Download<float>(*backends[k], out, a.size());
+  }
+  EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(results[0], results[1]));
+}
+
 // StoreKv narrows with round to nearest even on both: bitwise equal caches, every dtype.
 TEST_F(CudaOpsTest, StoreKvIsBitwiseCpu) {
   const int32_t kv_heads = 3, hd = 64, width = kv_heads * hd, ld = width * 3, n = 5;
@@ -259,6 +275,11 @@ TEST_F(CudaOpsTest, PackWeightIsBf16OfDequantizedRows) {
   EXPECT_EQ(cuda_->UnpackWeight(*wg, 10, 3, g.data()).code(), absl::StatusCode::kOutOfRange);
   const HostTensor bad{nullptr, DType::kI32, 1, cols, 4 * cols};
   EXPECT_EQ(cuda_->PackWeight({&bad, 1}).status().code(), absl::StatusCode::kUnimplemented);
+  // A width the GEMMs cannot take is refused at the load, naming it.
+  const HostTensor narrow = F32Tensor(f32, 3, 60);
+  const absl::Status refused = cuda_->PackWeight({&narrow, 1}).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("60 columns"), std::string::npos) << refused;
 }
 
 TEST_F(CudaOpsTest, AllocFailureIsResourceExhaustedNamingBytes) {

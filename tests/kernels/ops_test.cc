@@ -64,6 +64,7 @@ class CountingBackend final : public Backend {
   void GatherRows(const float*, int32_t, const int32_t*, int32_t, float*) override {}
   void ShiftedRowDots(const float*, const float*, const float*, int32_t, int32_t,
                       double*) override {}
+  void ShiftRows(const float*, const float*, int32_t, int32_t, float*) override {}
   void CopyColumns(const float*, int64_t, int32_t, int32_t, float*, int64_t) override {}
   void Sample(float*, int32_t, std::span<const SampleSpec>, std::span<const int32_t>,
               SampledToken*) override {}
@@ -123,6 +124,24 @@ TEST(CpuMemoryTest, CopiesRoundTrip) {
   backend->CopyToHost(back.data(), dev.as<void>(), back.size() * sizeof(float));
   backend->Synchronize();
   EXPECT_TRUE(BitwiseEqual(host, back));
+}
+
+// Each element is the float difference (exact in double, then rounded once), in place too.
+TEST(CpuOpsTest, ShiftRowsSubtractTheVectorFromEveryRow) {
+  auto backend = CreateCpuBackend(2);
+  const int32_t n = 3, dim = 70;
+  std::vector<float> a = RandomFloats(size_t(n) * dim, 6, -4.0f, 4.0f);
+  const std::vector<float> shift = RandomFloats(dim, 7, 100.0f, 200.0f);
+  std::vector<float> out(a.size());
+  backend->ShiftRows(a.data(), shift.data(), n, dim, out.data());
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t j = 0; j < dim; ++j) {
+      const double exact = double(a[i * dim + j]) - double(shift[j]);
+      ASSERT_EQ(out[i * dim + j], static_cast<float>(exact)) << i << ", " << j;
+    }
+  }
+  backend->ShiftRows(a.data(), shift.data(), n, dim, a.data());
+  EXPECT_TRUE(BitwiseEqual(a, out));
 }
 
 // Against a long double sum: the double sum of dim products is within dim ulps of it.

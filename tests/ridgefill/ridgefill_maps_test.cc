@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -222,6 +223,66 @@ TEST_F(RidgeFillMapsTest, RejectsBadShapesAndScales) {
     m.head_dim = 2;
     EXPECT_EQ(RidgeFillMaps::Load(m, *model_).status().code(), absl::StatusCode::kInvalidArgument);
   }
+}
+
+// The leverage test's decisions at seven thresholds against leverages (h − μ)ᵀ M (h − μ)
+// computed here in double, for states whose mean dwarfs their spread (every channel's mean
+// 1e5-1.2e6, spread 1): each row is sent back to exact exactly when its leverage is over the
+// threshold, for every row not within 1e-4 of it. The rows are centred before M: computing
+// M h − M μ instead loses (h − μ) to the rounding of M h, which this test sees in f32 (errors of
+// a few percent in the leverages here); a GEMM that rounds its input to bf16, as on CUDA, loses
+// it at means only ~100 times the spread, as a model's massive-activation channels have.
+TEST_F(RidgeFillMapsTest, LeverageTestIsExactEnoughWhereTheMeanDwarfsTheSpread) {
+  const int32_t rows = 128;
+  std::mt19937 rng(21);
+  // M: symmetric positive definite, A Aᵀ / hidden + 0.1 I.
+  const std::vector<float> a = Random(static_cast<size_t>(kHidden) * kHidden, rng);
+  std::vector<float> inverse(static_cast<size_t>(kHidden) * kHidden);
+  for (int32_t i = 0; i < kHidden; ++i) {
+    for (int32_t j = 0; j < kHidden; ++j) {
+      double sum = i == j ? 0.1 : 0.0;
+      for (int32_t k = 0; k < kHidden; ++k)
+        sum += double{a[i * kHidden + k]} * a[j * kHidden + k] / kHidden;
+      inverse[i * kHidden + j] = static_cast<float>(sum);
+    }
+  }
+  std::vector<float> mean(kHidden), h(static_cast<size_t>(rows) * kHidden);
+  for (int32_t j = 0; j < kHidden; ++j) mean[j] = 1e5f * static_cast<float>(1 + j);
+  const std::vector<float> spread = Random(h.size(), rng);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = mean[i % kHidden] + spread[i];
+  std::vector<double> want(rows);
+  for (int32_t r = 0; r < rows; ++r) {
+    for (int32_t i = 0; i < kHidden; ++i) {
+      for (int32_t j = 0; j < kHidden; ++j) {
+        want[r] += (double{h[r * kHidden + i]} - mean[i]) * inverse[i * kHidden + j] *
+                   (double{h[r * kHidden + j]} - mean[j]);
+      }
+    }
+  }
+  std::vector<double> sorted = want;
+  std::sort(sorted.begin(), sorted.end());
+  ASSERT_TRUE(model_->ReserveWorkspace(rows, 1, 1).ok());
+  const DeviceBuffer on_backend = Upload(h);
+  MapSet m = Maps(MapTarget::kPreNorm, false);
+  m.splits[0].leverage_inverse = inverse;
+  m.splits[0].leverage_mean = mean;
+  int32_t checked = 0;
+  for (int32_t eighth = 1; eighth < 8; ++eighth) {
+    const float threshold = static_cast<float>(sorted[static_cast<size_t>(eighth * rows / 8)]);
+    auto maps = RidgeFillMaps::Load(m, *model_, threshold);
+    ASSERT_TRUE(maps.ok()) << maps.status();
+    ASSERT_TRUE((*maps)->SelectsExactRows(1));
+    std::vector<int32_t> exact(rows, -1);
+    (*maps)->SelectExactRows(*model_, FilledRows{1, rows, on_backend.as<float>(), nullptr, nullptr},
+                             exact);
+    for (int32_t r = 0; r < rows; ++r) {
+      if (std::fabs(want[r] - threshold) <= 1e-4 * threshold) continue;
+      ++checked;
+      EXPECT_EQ(exact[r], want[r] > threshold ? 1 : 0)
+          << "row " << r << ": leverage " << want[r] << ", threshold " << threshold;
+    }
+  }
+  EXPECT_GE(checked, 7 * rows - 14);
 }
 
 }  // namespace
