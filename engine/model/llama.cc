@@ -12,6 +12,16 @@
 #include "spdlog/spdlog.h"
 
 namespace ridgeserve {
+namespace {
+
+// The end of the run of consecutive values that starts at rows[begin].
+size_t RunEnd(std::span<const int32_t> rows, size_t begin) {
+  size_t end = begin + 1;
+  while (end < rows.size() && rows[end] == rows[end - 1] + 1) ++end;
+  return end;
+}
+
+}  // namespace
 
 int32_t ForwardBatch::AddSequence(std::span<const int32_t> table_blocks, int32_t block_size,
                                   std::span<const int32_t> new_tokens, int32_t start_pos,
@@ -298,8 +308,12 @@ absl::Status LlamaModel::CopyLogits(std::span<const int32_t> rows, float* host) 
       return absl::OutOfRangeError(absl::StrCat("logit row ", rows[i], " of ", last_logit_rows_));
     }
   }
-  for (size_t i = 0; i < rows.size(); ++i) {
-    backend_.CopyToHost(host + i * vocab, head_logits() + rows[i] * vocab, sizeof(float) * vocab);
+  // A copy (one synchronization on a device) for each run of consecutive rows.
+  for (size_t i = 0; i < rows.size();) {
+    const size_t end = RunEnd(rows, i);
+    backend_.CopyToHost(host + i * vocab, head_logits() + rows[i] * vocab,
+                        sizeof(float) * vocab * (end - i));
+    i = end;
   }
   return absl::OkStatus();
 }
@@ -548,15 +562,21 @@ absl::Status LlamaModel::RunFullLayer(int32_t l, int32_t na, const KvLayerView& 
   const float* inv_freq = weights_.rope_inv_freq.as<float>();
   backend_.Rope(q, qkv_dim, na, heads_, c.head_dim, meta_.rope_positions, inv_freq);
   backend_.Rope(k, qkv_dim, na, kv_heads_, c.head_dim, meta_.rope_positions, inv_freq);
-  // The captured query rows of this layer (post-RoPE, the rank's heads).
+  // The captured query rows of this layer (post-RoPE, the rank's heads): packed into attn_ (free
+  // until the attention below) on the backend, a run of consecutive rows at a time, and copied
+  // back at once (one synchronization on a device, not one a row).
   for (size_t i = 0; capture != nullptr && i < capture->query_layers.size(); ++i) {
     if (capture->query_layers[i] != l) continue;
+    float* packed = attn_.as<float>();
+    for (size_t j = 0; j < query_rows.size();) {
+      const size_t end = RunEnd(query_rows, j);
+      backend_.CopyColumns(q + static_cast<size_t>(query_rows[j]) * qkv_dim, qkv_dim,
+                           static_cast<int32_t>(end - j), q_dim, packed + j * q_dim, q_dim);
+      j = end;
+    }
     std::vector<float>& out = capture->queries[i];
     out.resize(query_rows.size() * q_dim);
-    for (size_t j = 0; j < query_rows.size(); ++j) {
-      backend_.CopyToHost(out.data() + j * q_dim, q + static_cast<size_t>(query_rows[j]) * qkv_dim,
-                          sizeof(float) * q_dim);
-    }
+    backend_.CopyToHost(out.data(), packed, sizeof(float) * out.size());
   }
   backend_.StoreKv(kv, k, v, qkv_dim, na, meta_.slots);
   backend_.Attention(q, qkv_dim, heads_, kv, rows, scale, attn_.as<float>());
