@@ -380,7 +380,9 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
       backend_.CopyToHost(out.data(), x_.as<float>(), sizeof(float) * out.size());
     }
   };
-  // Profiling (filled rows only): layers 0..lowest split run every row in full.
+  // Profiling (filled rows only): layers 0..lowest split run every row in full and nothing
+  // else (no group fills or promotes there), timed as one span: two synchronizations on a
+  // device, not two a layer.
   std::vector<FillGroup>& groups = plan.groups;
   const bool timed = profile != nullptr && any_fill;
   const int32_t lowest_split = any_fill ? groups.back().split : -1;
@@ -398,7 +400,7 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
         comm_->AllReduceSum(x_.as<float>(), static_cast<size_t>(n) * config_.hidden));
   }
   for (int32_t l = 0; l < num_layers; ++l) {
-    if (timed && l <= lowest_split) full_seconds -= Now();
+    if (timed && l == 0) full_seconds -= Now();
     capture_at(l);
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       if (groups[gi].split + 1 == l) RS_RETURN_IF_ERROR(PromoteRows(gi, plan, profile));
@@ -420,7 +422,7 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
       if (timed) fill_seconds[gi] += Now();
     }
     if (na > 0) RS_RETURN_IF_ERROR(RunFullLayer(l, na, kv, capture, query_rows));
-    if (timed && l <= lowest_split) full_seconds += Now();
+    if (timed && l == lowest_split) full_seconds += Now();
   }
   if (timed) {
     profile->full_layer_row_seconds = full_seconds / (static_cast<double>(lowest_split + 1) * n);
