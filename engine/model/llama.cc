@@ -184,11 +184,18 @@ absl::Status LlamaModel::CheckBatch(const ForwardBatch& input, int32_t num_layer
             absl::StrCat("forward: capture depth ", d, " outside [0, ", num_layers, "]"));
       }
     }
+    // Distinct rows: RunFullLayer packs them into a buffer of the step's rows.
+    std::vector<bool> asked(n, false);
     for (int32_t r : capture->query_rows) {
       if (r < 0 || r >= n) {
         return absl::InvalidArgumentError(
             absl::StrCat("forward: capture query row ", r, " outside [0, ", n, ")"));
       }
+      if (asked[r]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: capture query row ", r, " asked for twice"));
+      }
+      asked[r] = true;
     }
     for (int32_t l : capture->query_layers) {
       if (l < 0 || l >= num_layers) {
@@ -220,8 +227,9 @@ absl::Status LlamaModel::PlanRows(const ForwardBatch& input, int32_t num_layers,
     }
     for (int32_t r = 0; r < n; ++r) {
       const int32_t s = input.fill_split[r];
-      if (s < -1) {
-        return absl::InvalidArgumentError(absl::StrCat("forward: fill split ", s, " < -1"));
+      if (s < -1 || s >= num_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("forward: fill split ", s, " outside [-1, ", num_layers, ")"));
       }
       if (s >= 0 && input.row_fill[r] == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat("forward: filled row ", r, " has no fill"));

@@ -105,9 +105,9 @@ class RowFill {
 // the exact rows only, in batch order (a filled row the fill promotes is not among them).
 // Capturing does not change any computed value.
 //
-// Queries (SpecPC's draft attention scores): the post-RoPE query rows `query_rows` (batch rows)
-// at each layer of `query_layers`; queries[i] is [query_rows.size(), num_heads * head_dim] host
-// floats for query_layers[i] (the rank's heads).
+// Queries (SpecPC's draft attention scores): the post-RoPE query rows `query_rows` (distinct batch
+// rows) at each layer of `query_layers`; queries[i] is [query_rows.size(), num_heads * head_dim]
+// host floats for query_layers[i] (the rank's heads).
 struct ForwardCapture {
   std::vector<int32_t> depths;  // each in [0, num_layers]
   std::vector<std::vector<float>> states;
@@ -222,8 +222,9 @@ class LlamaModel {
   // fill that CheckSplit accepts, and num_layers is not supported (InvalidArgument). Exact
   // rows' results are bitwise those of the plain path, and a filled row the fill sends back
   // to exact (SelectExactRows) runs as an exact row.
-  // With `profile` and filled rows, layers are timed (the backend is synchronized per layer)
-  // and the profile is filled; without filled rows the profile is left empty.
+  // With `profile` and filled rows, layers are timed (the backend is synchronized around layers
+  // 0..lowest split as one span, then around each group's fill in each layer above it) and the
+  // profile is filled; without filled rows the profile is left empty.
   absl::Status Run(const ForwardBatch& batch, PagedKvCache& cache,
                    ForwardCapture* capture = nullptr, ForwardProfile* profile = nullptr);
   // Run, then every logit row to `logits` ([batch.logit_rows.size(), vocab] on the host; rank

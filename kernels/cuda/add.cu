@@ -12,29 +12,12 @@ __global__ void AddKernel(float* x, const float* y, int64_t count) {
   }
 }
 
-__global__ void ShiftRowsKernel(const float* a, const float* shift, int32_t dim, int64_t count,
-                                float* out) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] = __fsub_rn(a[i], shift[i % dim]);
-  }
-}
-
 }  // namespace
 
 void LaunchAdd(float* x, const float* y, size_t count, cudaStream_t stream) {
   if (count == 0) return;
   const int64_t n = static_cast<int64_t>(count);
   AddKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(x, y, n);
-  CUDA_CHECK_LAUNCH();
-}
-
-void LaunchShiftRows(const float* a, const float* shift, int32_t n, int32_t dim, float* out,
-                     cudaStream_t stream) {
-  const int64_t count = int64_t{n} * dim;
-  if (count <= 0) return;
-  ShiftRowsKernel<<<ElementwiseBlocks(count), kElementwiseThreads, 0, stream>>>(a, shift, dim,
-                                                                                count, out);
   CUDA_CHECK_LAUNCH();
 }
 

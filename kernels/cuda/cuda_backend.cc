@@ -31,6 +31,7 @@
 #include "kernels/cuda/row_dots.h"
 #include "kernels/cuda/sample.h"
 #include "kernels/cuda/sample_plan.h"
+#include "kernels/cuda/shift_rows.h"
 #include "kernels/cuda/store_kv.h"
 #include "kernels/cuda/swiglu.h"
 #include "kernels/dtype.h"
@@ -130,6 +131,7 @@ class CudaBackend final : public Backend {
     attention_tiles_ = *tiles && static_cast<size_t>(shared_optin) >=
                                      cuda::TileSharedBytes(cuda::kMaxTileHeadDim, /*walk=*/true);
     CUDA_RETURN_IF_ERROR(cuda::PrepareAttentionKernels(attention_tiles_));
+    SetDevice();
     absl::StatusOr<size_t> bitmap_limit = cuda::PrepareSampleKernels(device_);
     if (!bitmap_limit.ok()) return bitmap_limit.status();
     sample_bitmap_limit_ = *bitmap_limit;

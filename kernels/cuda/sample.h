@@ -51,9 +51,12 @@ size_t SampleSortTempBytes(int32_t num_slots, int32_t vocab);
 
 // Lets the kernels use all the shared memory a CTA may opt into on `device` beside their own,
 // and returns that many bytes: the largest penalty bitmap they take (CheckPenaltyBitmap in
-// sample_plan.h). Once per device, at the backend's start.
+// sample_plan.h). Once per device, at the backend's start, with `device` current (the
+// attributes are set for the current device).
 absl::StatusOr<size_t> PrepareSampleKernels(int device);
 
+// args.bitmap_bytes must be within PrepareSampleKernels' limit: the caller checks it (not
+// checked again here).
 void LaunchSample(const SampleArgs& args, cudaStream_t stream);
 
 }  // namespace ridgeserve::cuda

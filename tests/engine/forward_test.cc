@@ -276,6 +276,8 @@ TEST_F(ForwardTest, SampleAndCopyLogitsReadOnlyTheRowsTheRunComputed) {
   const std::vector<int32_t> tokens = RandomTokens(8, 5), second = RandomTokens(6, 6);
   const std::vector<float> second_alone = AloneAllLogits(second, 6);
   const std::vector<float> want(second_alone.end() - c.vocab_size, second_alone.end());
+  const std::vector<float> first_alone = AloneAllLogits(tokens, 8);
+  const std::vector<float> want_0(first_alone.end() - c.vocab_size, first_alone.end());
   ForwardBatch batch;
   batch.AddSequence(table, 16, tokens, 0, true);
   batch.AddSequence(other, 16, second, 0, true);
@@ -285,6 +287,18 @@ TEST_F(ForwardTest, SampleAndCopyLogitsReadOnlyTheRowsTheRunComputed) {
   const int32_t row_1[] = {1};
   ASSERT_TRUE(model.CopyLogits(row_1, row.data()).ok());
   EXPECT_TRUE(row == want);
+  // Several rows come in the order asked: {0, 1} is one run of consecutive rows, {1, 0} two.
+  for (const bool reversed : {false, true}) {
+    const int32_t rows[2] = {reversed ? 1 : 0, reversed ? 0 : 1};
+    std::vector<float> both(2 * static_cast<size_t>(c.vocab_size));
+    ASSERT_TRUE(model.CopyLogits(rows, both.data()).ok());
+    EXPECT_TRUE(std::vector<float>(both.begin(), both.begin() + c.vocab_size) ==
+                (reversed ? want : want_0))
+        << reversed;
+    EXPECT_TRUE(std::vector<float>(both.begin() + c.vocab_size, both.end()) ==
+                (reversed ? want_0 : want))
+        << reversed;
+  }
   SampleSpec greedy;
   greedy.temperature = 0.0f;
   greedy.row = 1;
@@ -311,6 +325,45 @@ TEST_F(ForwardTest, SampleAndCopyLogitsReadOnlyTheRowsTheRunComputed) {
   const SampleSpec twice[] = {greedy, greedy};
   SampledToken two[2];
   EXPECT_EQ(model.SampleLogits(twice, {}, two).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Captured queries come in the order of query_rows, gaps and out-of-order rows among them
+// (RunFullLayer packs runs of consecutive rows): each equals that row captured alone. A row
+// asked for twice is refused.
+TEST_F(ForwardTest, CapturedQueryRowsComeInTheOrderAsked) {
+  LlamaModel& llama = *model_->llama;
+  const ModelConfig& c = model_->config;
+  const std::vector<int32_t> tokens = RandomTokens(12, 13);
+  const size_t q_width = static_cast<size_t>(c.num_heads) * c.head_dim;
+  auto capture_of = [&](std::vector<int32_t> rows, absl::StatusCode want = absl::StatusCode::kOk) {
+    auto cache = PagedKvCache::Create(
+        *backend_,
+        KvCacheShape{c.num_layers, c.num_kv_heads, c.head_dim, 16, 2, llama.kv_cache_dtype()});
+    EXPECT_TRUE(cache.ok()) << cache.status();
+    BlockTable table;
+    EXPECT_TRUE(table.Reserve(cache->pool(), 16, 16).ok());
+    ForwardBatch batch;
+    batch.AddSequence(table, 16, tokens, 0, true);
+    ForwardCapture capture;
+    capture.query_rows = std::move(rows);
+    capture.query_layers = {0, c.num_layers - 1};
+    EXPECT_EQ(llama.Run(batch, *cache, &capture).code(), want);
+    return capture.queries;
+  };
+  const std::vector<int32_t> asked = {7, 2, 3, 4, 0, 11};
+  const std::vector<std::vector<float>> together = capture_of(asked);
+  ASSERT_EQ(together.size(), 2u);
+  for (size_t j = 0; j < asked.size(); ++j) {
+    const std::vector<std::vector<float>> alone = capture_of({asked[j]});
+    for (size_t layer = 0; layer < 2; ++layer) {
+      ASSERT_EQ(together[layer].size(), asked.size() * q_width);
+      ASSERT_EQ(alone[layer].size(), q_width);
+      EXPECT_TRUE(std::equal(alone[layer].begin(), alone[layer].end(),
+                             together[layer].begin() + j * q_width))
+          << "row " << asked[j] << ", layer " << layer;
+    }
+  }
+  capture_of({1, 5, 1}, absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DecodeGraphBucketsTest, CoverEveryBatchUpToTheMaximum) {
