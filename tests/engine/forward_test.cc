@@ -145,12 +145,15 @@ class IdentityFill : public RowFill {
 TEST_F(ForwardTest, FilledRowsSentBackToExactRunAsExactRows) {
   const std::vector<int32_t> tokens = RandomTokens(64, 7);
   const int32_t split = 10;
-  // The last row's logits, and how many filled rows the fill sent back to exact.
+  // The last row's logits, and how many filled rows the fill sent back to exact; `saved` gets
+  // the run's estimated seconds saved (from its ForwardProfile's timings).
+  double saved = 0;
   auto last_logits = [&](const RidgeFillRun* fill, int32_t& promoted) {
     SequenceRunner runner(*model_->llama, static_cast<int32_t>(tokens.size()));
     std::vector<float> logits;
     EXPECT_TRUE(runner.Append(tokens, 64, false, logits, fill).ok());
     promoted = runner.promoted_rows();
+    saved = runner.estimated_saved_seconds();
     return logits;
   };
   auto filled_logits = [&](const std::vector<uint8_t>& rows, const IdentityFill& fill,
@@ -167,6 +170,9 @@ TEST_F(ForwardTest, FilledRowsSentBackToExactRunAsExactRows) {
   const std::vector<float> filled = filled_logits(rows, keep, promoted);
   EXPECT_NE(filled, exact);  // the filled rows' K/V changed the exact last row's attention
   EXPECT_EQ(promoted, 0);
+  // 56 rows skipping 19 full layers each, less their K/V writes: the profile's span over layers
+  // 0..split and the fills' times give a positive estimate.
+  EXPECT_GT(saved, 0.0);
   EXPECT_EQ(filled_logits(rows, all_back, promoted), exact);
   EXPECT_EQ(promoted, 56);
 
