@@ -131,8 +131,7 @@ class CudaBackend final : public Backend {
     attention_tiles_ = *tiles && static_cast<size_t>(shared_optin) >=
                                      cuda::TileSharedBytes(cuda::kMaxTileHeadDim, /*walk=*/true);
     CUDA_RETURN_IF_ERROR(cuda::PrepareAttentionKernels(attention_tiles_));
-    SetDevice();
-    absl::StatusOr<size_t> bitmap_limit = cuda::PrepareSampleKernels(device_);
+    absl::StatusOr<size_t> bitmap_limit = cuda::PrepareSampleKernels(shared_optin);
     if (!bitmap_limit.ok()) return bitmap_limit.status();
     sample_bitmap_limit_ = *bitmap_limit;
     return absl::OkStatus();
@@ -445,7 +444,6 @@ class CudaBackend final : public Backend {
 
   absl::Status ReserveSampling(int32_t rows, int32_t vocab, int64_t penalty_ids) override {
     SetDevice();
-    if (absl::Status s = cuda::CheckPenaltyBitmap(vocab, sample_bitmap_limit_); !s.ok()) return s;
     // Every row sorted: the most the keys and the sort's storage can need.
     std::vector<SampleSpec> all(static_cast<size_t>(rows));
     for (SampleSpec& spec : all) spec.top_p = 0.5f;
@@ -466,9 +464,6 @@ class CudaBackend final : public Backend {
               std::span<const int32_t> penalty_ids, SampledToken* out) override {
     if (specs.empty()) return;
     SetDevice();
-    if (absl::Status s = cuda::CheckPenaltyBitmap(vocab, sample_bitmap_limit_); !s.ok()) {
-      cuda::Fatal(s);
-    }
     absl::StatusOr<cuda::SamplePlan> plan = cuda::PlanSample(specs, vocab, penalty_ids.size());
     if (!plan.ok()) cuda::Fatal(plan.status());
     if (absl::Status s = EnsureSampling(*plan, vocab, specs.size()); !s.ok()) cuda::Fatal(s);
@@ -530,8 +525,10 @@ class CudaBackend final : public Backend {
 
   // Sample's buffers for `plan` (no graph reads them), each grown to at least twice its size
   // when it is too small, so a penalty list that lengthens every step does not reallocate
-  // every step.
+  // every step. InvalidArgument first when the vocabulary's penalty bitmap is over the sampling
+  // kernels' shared memory (the start's ReserveSampling, and any Sample, check it here).
   absl::Status EnsureSampling(const cuda::SamplePlan& plan, int32_t vocab, size_t num_specs) {
+    if (absl::Status s = cuda::CheckPenaltyBitmap(vocab, sample_bitmap_limit_); !s.ok()) return s;
     const size_t key_bytes = sizeof(uint64_t) * static_cast<size_t>(plan.num_slots()) * vocab;
     const size_t sizes[] = {plan.upload_bytes, key_bytes, key_bytes,
                             cuda::SampleSortTempBytes(plan.num_slots(), vocab),

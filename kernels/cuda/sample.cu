@@ -275,12 +275,10 @@ size_t SampleSortTempBytes(int32_t num_slots, int32_t vocab) {
   return bytes;
 }
 
-absl::StatusOr<size_t> PrepareSampleKernels(int device) {
+absl::StatusOr<size_t> PrepareSampleKernels(int optin_bytes) {
   const void* kernels[] = {reinterpret_cast<const void*>(SortKeysKernel),
                            reinterpret_cast<const void*>(DrawKernel)};
-  int optin = 0;
-  CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const size_t optin = static_cast<size_t>(optin_bytes);
   // What every kernel may have beside its own static shared memory.
   size_t own = 0;
   for (const void* kernel : kernels) {
@@ -288,7 +286,7 @@ absl::StatusOr<size_t> PrepareSampleKernels(int device) {
     CUDA_RETURN_IF_ERROR(cudaFuncGetAttributes(&attributes, kernel));
     own = std::max(own, attributes.sharedSizeBytes);
   }
-  const size_t limit = static_cast<size_t>(optin) > own ? static_cast<size_t>(optin) - own : 0;
+  const size_t limit = optin > own ? optin - own : 0;
   for (const void* kernel : kernels) {
     CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(limit)));

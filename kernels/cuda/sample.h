@@ -49,11 +49,11 @@ struct SampleArgs {
 // The sort's temporary storage for `num_slots` slots of `vocab` keys.
 size_t SampleSortTempBytes(int32_t num_slots, int32_t vocab);
 
-// Lets the kernels use all the shared memory a CTA may opt into on `device` beside their own,
-// and returns that many bytes: the largest penalty bitmap they take (CheckPenaltyBitmap in
-// sample_plan.h). Once per device, at the backend's start, with `device` current (the
-// attributes are set for the current device).
-absl::StatusOr<size_t> PrepareSampleKernels(int device);
+// Lets the kernels use all the shared memory a CTA may opt into (`optin_bytes`, the current
+// device's cudaDevAttrMaxSharedMemoryPerBlockOptin) beside their own, and returns that many
+// bytes: the largest penalty bitmap they take (CheckPenaltyBitmap in sample_plan.h). Once per
+// device, at the backend's start, with the device current.
+absl::StatusOr<size_t> PrepareSampleKernels(int optin_bytes);
 
 // args.bitmap_bytes must be within PrepareSampleKernels' limit: the caller checks it (not
 // checked again here).

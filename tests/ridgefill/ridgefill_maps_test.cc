@@ -229,9 +229,10 @@ TEST_F(RidgeFillMapsTest, RejectsBadShapesAndScales) {
 // computed here in double, for states whose mean dwarfs their spread (every channel's mean
 // 1e5-1.2e6, spread 1): each row is sent back to exact exactly when its leverage is over the
 // threshold, for every row not within 1e-4 of it. The rows are centred before M: computing
-// M h − M μ instead loses (h − μ) to the rounding of M h, which this test sees in f32 (errors of
-// a few percent in the leverages here); a GEMM that rounds its input to bf16, as on CUDA, loses
-// it at means only ~100 times the spread, as a model's massive-activation channels have.
+// M h − M μ instead loses (h − μ) to the rounding of M h, which this test sees in f32 (10
+// decisions flipped, one for a leverage 2.3% above its threshold); a GEMM that rounds its input
+// to bf16, as on CUDA, would lose it at means ~100 times the spread (estimated), as a model's
+// massive-activation channels have.
 TEST_F(RidgeFillMapsTest, LeverageTestIsExactEnoughWhereTheMeanDwarfsTheSpread) {
   const int32_t rows = 128;
   std::mt19937 rng(21);
