@@ -1,5 +1,6 @@
 // Prefill, decode and RidgeFill speed of a model on one backend, for tests/gpu/run.sh (not a
-// test). One JSON object on stdout:
+// test). One JSON object on stdout, and each measurement on stderr as it is taken (decode
+// first, then prefill and RidgeFill per length, then attention alone):
 //   cuda_bench --backend cuda --model models/SmolLM2-135M-Instruct.Q4_1.gguf
 //   cuda_bench --backend cuda --random_config tests/gpu/llama31_8b_config.json
 //     --prefill_tokens 8192,32768 --decode_batches 1,16,64 --ridgefill_depths 0.5,0.667
@@ -220,6 +221,13 @@ absl::Status Run(std::string& json) {
   const int32_t chunk = absl::GetFlag(FLAGS_chunk), repeats = absl::GetFlag(FLAGS_repeats);
   json = absl::StrCat("{\"backend\": \"", name, "\", \"model\": \"", model->path,
                       "\", \"weight_bytes\": ", llama.weights().resident_bytes());
+  // Each measurement also goes to stderr as it is taken: a run stopped by its timeout keeps them.
+  size_t reported = 0;
+  auto progress = [&] {
+    std::fprintf(stderr, "cuda_bench: %s\n", json.substr(reported).c_str());
+    std::fflush(stderr);
+    reported = json.size();
+  };
 
   std::vector<int32_t> splits;
   for (double d : depths) splits.push_back(static_cast<int32_t>(std::lround(d * c.num_layers)));
@@ -234,43 +242,6 @@ absl::Status Run(std::string& json) {
     }
     maps = *std::move(loaded);
   }
-  for (int32_t n : lengths) {
-    if (n < 1) return absl::InvalidArgumentError("--prefill_tokens: want lengths >= 1");
-    const std::vector<int32_t> tokens = RandomTokenIds(n, c.vocab_size, 1);
-    RS_ASSIGN_OR_RETURN(const double seconds, TimePrefill(llama, tokens, chunk, repeats, nullptr));
-    const std::string key = absl::StrCat(", \"prefill_", n);
-    absl::StrAppend(&json, key, "_tokens_per_s\": ", n / seconds, key, "_seconds\": ", seconds);
-    if (peak_tflops > 0) {
-      absl::StrAppend(&json, key, "_mfu\": ", PrefillFlops(c, n) / seconds / (peak_tflops * 1e12));
-    }
-    const int32_t sink = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
-    const int32_t exact_from = n - absl::GetFlag(FLAGS_exact_tail_tokens);
-    for (int32_t s : splits) {
-      if (exact_from <= sink) continue;  // nothing to fill
-      RidgeFillRun fill{s, std::vector<uint8_t>(n, 0), maps.get()};
-      std::fill(fill.filled_rows.begin() + sink, fill.filled_rows.begin() + exact_from, 1);
-      RS_ASSIGN_OR_RETURN(const double filled, TimePrefill(llama, tokens, chunk, repeats, &fill));
-      absl::StrAppend(&json, ", \"ridgefill_", n, "_split", s, "_seconds\": ", filled,
-                      ", \"ridgefill_", n, "_split", s, "_speedup\": ", seconds / filled);
-    }
-  }
-
-  for (int32_t n : attention_lengths) {
-    std::vector<DType> dtypes = {backend->DefaultKvCacheDType()};
-    if (n <= absl::GetFlag(FLAGS_attention_f16_up_to) && dtypes[0] != DType::kF16) {
-      dtypes.push_back(DType::kF16);
-    }
-    // Causal: row p attends to p + 1 positions, 2 FLOPs each for the scores and for P V.
-    const double flops = 4.0 * c.num_heads * c.head_dim * (double(n) * (n + 1) / 2);
-    for (DType dtype : dtypes) {
-      RS_ASSIGN_OR_RETURN(const double seconds, TimeAttention(*backend, c, n, dtype, repeats));
-      const std::string key =
-          absl::StrCat(", \"attention_", n, "_", std::string(KvCacheDTypeName(dtype)));
-      absl::StrAppend(&json, key, "_seconds\": ", seconds, key,
-                      "_tflops\": ", flops / seconds / 1e12);
-    }
-  }
-
   const int32_t context = absl::GetFlag(FLAGS_decode_context);
   const int32_t steps = absl::GetFlag(FLAGS_decode_tokens);
   const double kv_bytes_per_token =
@@ -299,7 +270,47 @@ absl::Status Run(std::string& json) {
       const double bytes = weight_bytes + b * (context + (steps + 1) / 2.0) * kv_bytes_per_token;
       absl::StrAppend(&json, key, "_hbm_share\": ", bytes * steps / seconds / (peak_gbps * 1e9));
     }
+    progress();
   }
+  for (int32_t n : lengths) {
+    if (n < 1) return absl::InvalidArgumentError("--prefill_tokens: want lengths >= 1");
+    const std::vector<int32_t> tokens = RandomTokenIds(n, c.vocab_size, 1);
+    RS_ASSIGN_OR_RETURN(const double seconds, TimePrefill(llama, tokens, chunk, repeats, nullptr));
+    const std::string key = absl::StrCat(", \"prefill_", n);
+    absl::StrAppend(&json, key, "_tokens_per_s\": ", n / seconds, key, "_seconds\": ", seconds);
+    if (peak_tflops > 0) {
+      absl::StrAppend(&json, key, "_mfu\": ", PrefillFlops(c, n) / seconds / (peak_tflops * 1e12));
+    }
+    const int32_t sink = absl::GetFlag(FLAGS_ridgefill_sink_tokens);
+    const int32_t exact_from = n - absl::GetFlag(FLAGS_exact_tail_tokens);
+    for (int32_t s : splits) {
+      if (exact_from <= sink) continue;  // nothing to fill
+      RidgeFillRun fill{s, std::vector<uint8_t>(n, 0), maps.get()};
+      std::fill(fill.filled_rows.begin() + sink, fill.filled_rows.begin() + exact_from, 1);
+      RS_ASSIGN_OR_RETURN(const double filled, TimePrefill(llama, tokens, chunk, repeats, &fill));
+      absl::StrAppend(&json, ", \"ridgefill_", n, "_split", s, "_seconds\": ", filled,
+                      ", \"ridgefill_", n, "_split", s, "_speedup\": ", seconds / filled);
+    }
+    progress();
+  }
+
+  for (int32_t n : attention_lengths) {
+    std::vector<DType> dtypes = {backend->DefaultKvCacheDType()};
+    if (n <= absl::GetFlag(FLAGS_attention_f16_up_to) && dtypes[0] != DType::kF16) {
+      dtypes.push_back(DType::kF16);
+    }
+    // Causal: row p attends to p + 1 positions, 2 FLOPs each for the scores and for P V.
+    const double flops = 4.0 * c.num_heads * c.head_dim * (double(n) * (n + 1) / 2);
+    for (DType dtype : dtypes) {
+      RS_ASSIGN_OR_RETURN(const double seconds, TimeAttention(*backend, c, n, dtype, repeats));
+      const std::string key =
+          absl::StrCat(", \"attention_", n, "_", std::string(KvCacheDTypeName(dtype)));
+      absl::StrAppend(&json, key, "_seconds\": ", seconds, key,
+                      "_tflops\": ", flops / seconds / 1e12);
+    }
+    progress();
+  }
+
   absl::StrAppend(&json, ", \"decode_context\": ", context, "}");
   return absl::OkStatus();
 }

@@ -5,7 +5,8 @@
 # CUDA's own (the GPU image has those), into gpu-prebuilt/ (git-ignored through
 # .git/info/exclude). Carry
 # gpu-prebuilt to the GPU machine; tests/gpu/run.sh uses it when it cannot build there. It also
-# splits the default model into gpu-model/ (see run.sh's header for the two-call transfer).
+# packs it and splits the default model into gpu-pack/ and gpu-model/ (see run.sh's header for
+# the two-call transfer).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 BUILD=${BUILD:-build-cuda}
@@ -30,12 +31,18 @@ for t in "${TARGETS[@]}"; do
 done
 strip gpu-prebuilt/bin/* 2>/dev/null || true
 du -sh gpu-prebuilt
-# The default model in two parts under the 64 MiB per-call transfer (run.sh joins them).
+# The device tool sends at most 64 MiB a call (the working tree, ~8 MB, included): the binaries
+# packed with xz (~14 MB) travel in call 1 with the model's first 42 MB (gpu-pack/), the model's
+# other 56 MB in call 2 (gpu-model/). run.sh's header has the two calls.
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+for d in gpu-pack gpu-model; do
+  grep -qx "/$d/" .git/info/exclude || echo "/$d/" >>.git/info/exclude
+  rm -rf "$d" && mkdir -p "$d"
+done
+tar cf - gpu-prebuilt | xz -9 -T"$(nproc)" >gpu-pack/prebuilt.tar.xz
 if [ -f "$MODEL" ]; then
-  grep -qx '/gpu-model/' .git/info/exclude || echo '/gpu-model/' >>.git/info/exclude
-  rm -rf gpu-model && mkdir -p gpu-model
-  split -b 50M "$MODEL" gpu-model/part.
+  head -c 42000000 "$MODEL" >gpu-pack/part.aa
+  tail -c +42000001 "$MODEL" >gpu-model/part.ab
   sha256sum "$MODEL" >gpu-model/model.sha256
-  ls -la gpu-model
 fi
+du -sb gpu-pack gpu-model

@@ -8,8 +8,8 @@
 #     development machine by tests/gpu/prepare_prebuilt.sh are used from gpu-prebuilt/ (carry
 #     that folder) with its libraries on LD_LIBRARY_PATH; USE_PREBUILT=1 goes there directly.
 #  2. Tests: every GPU test binary (ops vs CPU, batch invariance, the default model vs CPU, NCCL
-#     with one rank, the registry, the planner), each test in a process of its own; pass / fail /
-#     skip counts per binary. If the tensor-core attention's tests fail, what follows runs with
+#     with one rank, the registry, the planner), each binary whole, again past a test that ends
+#     its process (a device fault) or hangs; pass / fail / skip counts per binary. If the tensor-core attention's tests fail, what follows runs with
 #     RIDGESERVE_CUDA_ATTENTION=rows (the f32 rows kernels) and the summary says so. Then the
 #     server on --backend cuda (tests/gpu/server_check.sh): six greedy answers sent at once equal
 #     the same sent one at a time, and /metrics counts the tokens.
@@ -29,11 +29,19 @@
 #     default of 256 (kernels/cuda/linear_plan.h). Each bench's stderr names the algorithm per k.
 #  6. A summary (also OUT_DIR/summary.txt).
 # The default model must be at $MODEL (default models/SmolLM2-135M-Instruct.Q4_1.gguf); without
-# it the model test skips and the speed step says "not measured". The file (98 MB) is over the
-# device tool's 64 MiB per-call transfer, so it goes in two calls: tests/gpu/prepare_prebuilt.sh
-# splits it into gpu-model/part.aa, part.ab (+ model.sha256); call 1 carries gpu-model/part.aa
-# and copies it to /tmp/rs-model/, call 2 carries gpu-model/part.ab (and the sha256) and runs
-# this script, which joins /tmp/rs-model/part.* and gpu-model/part.* and checks the sum.
+# it the model test skips and the speed step says "not measured". The model (98 MB) and the
+# prebuilt binaries are over the device tool's 64 MiB per-call transfer together, so the run is
+# two calls on one warm machine (its image lacks the project's libraries: no build there).
+# tests/gpu/prepare_prebuilt.sh makes gpu-pack/ (the binaries as prebuilt.tar.xz, the model's
+# first 42 MB as part.aa) and gpu-model/ (part.ab, model.sha256). Then, with carry [gpu-pack]:
+#   mkdir -p /tmp/rs-model && cp gpu-pack/part.aa /tmp/rs-model/ && python3 -c "import tarfile;
+#   tarfile.open('gpu-pack/prebuilt.tar.xz').extractall('.')" && PHASE=1 USE_PREBUILT=1
+#   timeout 330 tests/gpu/run.sh /tmp/gout; tar czf $OUT/phase1.tgz -C /tmp gout
+# and at once (the machine stays warm 30 s; /tmp and gpu-prebuilt/ stay), with carry [gpu-model]:
+#   PHASE=2 USE_PREBUILT=1 timeout 330 tests/gpu/run.sh /tmp/gout2; tar czf $OUT/phase2.tgz ...
+# PHASE=1 runs what needs no model (step 2 without the model test, steps 4 and 5); PHASE=2
+# joins the parts in /tmp/rs-model, checks the sum and runs the model test, the server, host
+# time and step 3. PHASE=all (the default) runs everything where the model is already there.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 OUT_DIR=${1:-${OUT:-/tmp/ridgeserve-gpu-out}}
@@ -42,11 +50,13 @@ MODEL=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 BUILD=${BUILD:-build-gpu}
 JOBS=${JOBS:-16}
 START=$(date +%s)
-if [ ! -f "$MODEL" ] && ls /tmp/rs-model/part.* gpu-model/part.* >/dev/null 2>&1; then
-  mkdir -p /tmp/rs-model
-  cp -n gpu-model/part.* /tmp/rs-model/ 2>/dev/null || true
-  cat /tmp/rs-model/part.* >/tmp/rs-model/model.gguf
-  MODEL=/tmp/rs-model/model.gguf
+PHASE=${PHASE:-all}
+STATE=/tmp/rs-model  # what phase 1 leaves for phase 2 on the same machine
+mkdir -p "$STATE"
+cp -n gpu-model/part.* "$STATE/" 2>/dev/null || true
+if [ "$PHASE" != 1 ] && [ ! -f "$MODEL" ] && ls "$STATE"/part.* >/dev/null 2>&1; then
+  cat "$STATE"/part.* >"$STATE/model.gguf"
+  MODEL=$STATE/model.gguf
   if [ -f gpu-model/model.sha256 ] &&
      [ "$(sha256sum "$MODEL" | cut -d' ' -f1)" != "$(cut -d' ' -f1 gpu-model/model.sha256)" ]; then
     echo "model parts joined to a file with the wrong sha256: not used"
@@ -58,9 +68,13 @@ SUMMARY="$OUT_DIR/summary.txt"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo $(($(date +%s) - START)); }
 
-TESTS=(cuda_attention_plan_test backend_registry_test cuda_ops_test nccl_communicator_test
-       cuda_model_test)
-say "== ridgeserve GPU run $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+case "$PHASE" in
+  1) TESTS=(cuda_attention_plan_test backend_registry_test cuda_ops_test nccl_communicator_test) ;;
+  2) TESTS=(cuda_model_test) ;;
+  *) TESTS=(cuda_attention_plan_test backend_registry_test cuda_ops_test nccl_communicator_test
+            cuda_model_test) ;;
+esac
+say "== ridgeserve GPU run (phase $PHASE) $(date -u +%FT%TZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | sed 's/^/gpu: /' | tee -a "$SUMMARY"
 
 # --- 1. build -------------------------------------------------------------------------------
@@ -101,12 +115,16 @@ if [ -z "$BIN" ]; then
 fi
 
 # --- 2. tests -------------------------------------------------------------------------------
-# Each test in a process of its own: a device fault aborts its process (CUDA_CHECK), and the
-# tests after it in the same binary still run.
+# Each binary runs whole (one device start, not one a test). A device fault aborts the process
+# (CUDA_CHECK) and a hang meets the timeout: the test that was running counts as failed and the
+# binary runs again without the tests already reported, until every test has its result.
 export RIDGESERVE_MODEL="$MODEL"
 FAILED=0
 SKIPPED_TOTAL=0
 FAILED_TESTS=()
+result_names() {  # the tests whose result line is in $1, for tag $2 (OK, FAILED, SKIPPED)
+  sed -n "s/^\[ *$2 *\] \([A-Za-z0-9_/.]*\) (.*ms)\$/\1/p" "$1"
+}
 for t in "${TESTS[@]}"; do
   log="$OUT_DIR/$t.log"
   : >"$log"
@@ -115,61 +133,69 @@ for t in "${TESTS[@]}"; do
     FAILED=1
     continue
   fi
-  names=()
-  suite=""
-  timeout 60 "$BIN/$t" --gtest_list_tests >"$OUT_DIR/$t.list" 2>>"$log"
-  list_rc=$?
-  while IFS= read -r line; do
-    case "$line" in
-      " "*) name=${line#  }; name=${name%% *}
-            [[ "$name" == DISABLED_* ]] || names+=("$suite$name") ;;
-      *) suite=${line%% *} ;;
-    esac
-  done <"$OUT_DIR/$t.list"
-  if [ "$list_rc" -ne 0 ] || [ "${#names[@]}" -eq 0 ]; then
-    say "test $t: FAILED to list its tests (rc $list_rc; $log)"
-    FAILED=1
-    continue
-  fi
-  passed=0; failed=0; skipped=0
-  for name in "${names[@]}"; do
-    one="$OUT_DIR/$t.${name//\//_}.log"
-    timeout 150 "$BIN/$t" --gtest_color=no --gtest_filter="$name" >"$one" 2>&1
+  total=$(timeout 60 "$BIN/$t" --gtest_list_tests 2>>"$log" | grep -c '^  ')
+  passed=0; failed=0; skipped=0; done_names=()
+  for attempt in $(seq 1 "$((total + 1))"); do
+    one="$OUT_DIR/$t.attempt.log"
+    exclude=$(IFS=:; echo "${done_names[*]}")
+    timeout 120 "$BIN/$t" --gtest_color=no --gtest_filter="*${exclude:+-$exclude}" >"$one" 2>&1
     rc=$?
     cat "$one" >>"$log"
-    if grep -q '^\[  SKIPPED \] .*(' "$one"; then
-      skipped=$((skipped + 1))
-    elif [ "$rc" -eq 0 ] && grep -q '^\[       OK \]' "$one"; then
-      passed=$((passed + 1))
-    else
-      failed=$((failed + 1))
-      FAILED_TESTS+=("$name")
-      say "  FAILED $t $name (rc $rc)"
-      grep -E -A3 'Failure|fatal|error' "$one" | head -12 | tee -a "$SUMMARY"
-    fi
     grep -E '^\[ measured \]' "$one" | tee -a "$SUMMARY"
-    rm -f "$one"
+    while read -r name; do
+      [ -n "$name" ] || continue
+      passed=$((passed + 1)); done_names+=("$name")
+    done < <(result_names "$one" OK)
+    while read -r name; do
+      [ -n "$name" ] || continue
+      skipped=$((skipped + 1)); done_names+=("$name")
+    done < <(result_names "$one" SKIPPED)
+    while read -r name; do
+      [ -n "$name" ] || continue
+      failed=$((failed + 1)); done_names+=("$name"); FAILED_TESTS+=("$name")
+      say "  FAILED $t $name"
+      awk -v n="$name" 'index($0, "[ RUN      ] " n) == 1 {on = 1; next}
+        on && index($0, "[  FAILED  ]") == 1 {exit} on {print; if (++k == 12) exit}' "$one" |
+        tee -a "$SUMMARY"
+    done < <(result_names "$one" FAILED)
+    crashed=$(sed -n 's/^\[ RUN      \] \(.*\)$/\1/p' "$one" | tail -1)
+    if [ -n "$crashed" ] && [[ " ${done_names[*]} " != *" $crashed "* ]]; then
+      failed=$((failed + 1)); done_names+=("$crashed"); FAILED_TESTS+=("$crashed")
+      say "  FAILED $t $crashed: the process ended inside it (rc $rc)"
+      tail -6 "$one" | tee -a "$SUMMARY"
+      continue
+    fi
+    break
   done
+  rm -f "$OUT_DIR/$t.attempt.log"
+  if [ "$((passed + failed + skipped))" -ne "$total" ]; then
+    say "  $t: $total tests listed, $((passed + failed + skipped)) reported (rc $rc)"
+    failed=$((failed + 1))
+  fi
   SKIPPED_TOTAL=$((SKIPPED_TOTAL + skipped))
-  say "test $t: ${#names[@]} tests, $passed passed, $failed failed, $skipped SKIPPED"
+  say "test $t: $total tests, $passed passed, $failed failed, $skipped SKIPPED"
   [ "$failed" -eq 0 ] || FAILED=1
 done
 say "tests done at $(elapsed) s"
 # The tensor-core attention is the newest kernel: when an attention op test fails (either family;
 # the rows kernels have run nowhere either), the server check and the speed steps run on the rows
 # kernels (RIDGESERVE_CUDA_ATTENTION=rows), so they still measure.
+# Phase 1 leaves the choice in $STATE for phase 2.
 for name in "${FAILED_TESTS[@]}"; do
   case "$name" in
     CudaOpsTest.Attention*)
-      export RIDGESERVE_CUDA_ATTENTION=rows
-      say "an attention test FAILED ($name): the rest of this run uses RIDGESERVE_CUDA_ATTENTION=rows"
+      echo "$name" >"$STATE/attention_rows"
       break ;;
   esac
 done
+if [ -f "$STATE/attention_rows" ]; then
+  export RIDGESERVE_CUDA_ATTENTION=rows
+  say "an attention test FAILED ($(cat "$STATE/attention_rows")): the rest uses RIDGESERVE_CUDA_ATTENTION=rows"
+fi
 
 # --- 2b. the server on --backend cuda ---------------------------------------------------------
 if [ -f "$MODEL" ] && [ -x "$BIN/ridgeserve" ] && [ -x "$BIN/ridgeserve-cli" ]; then
-  timeout 180 tests/gpu/server_check.sh "$BIN" cuda "$MODEL" "$OUT_DIR/server" | tee -a "$SUMMARY"
+  timeout 100 tests/gpu/server_check.sh "$BIN" cuda "$MODEL" "$OUT_DIR/server" | tee -a "$SUMMARY"
   [ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
 else
   say "server cuda: not checked (no model or no server binaries)"
@@ -177,7 +203,7 @@ fi
 
 # --- 2c. host time per decode step at batch 64 on --backend cuda ------------------------------
 if [ -f "$MODEL" ] && [ -x "$BIN/ridgeserve" ] && [ -x "$BIN/ridgeserve-loadtest" ]; then
-  timeout 90 tests/gpu/host_time.sh "$BIN" cuda "$MODEL" "$OUT_DIR/host_time" | tee -a "$SUMMARY"
+  timeout 60 tests/gpu/host_time.sh "$BIN" cuda "$MODEL" "$OUT_DIR/host_time" | tee -a "$SUMMARY"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || say "host time cuda: FAILED or timed out (exit $rc; $OUT_DIR/host_time)"
 else
@@ -204,9 +230,11 @@ else
 fi
 
 # --- 4. speed of an 8B shape ----------------------------------------------------------------
-if [ "$(elapsed)" -gt 240 ]; then
+if [ "$PHASE" = 2 ]; then
+  say "speed 8B: in phase 1"
+elif [ "$(elapsed)" -gt 240 ]; then
   say "speed 8B: skipped (the run is at $(elapsed) s of its 8-minute budget)"
-elif timeout 200 "$BIN/cuda_bench" --backend cuda --random_config tests/gpu/llama31_8b_config.json \
+elif timeout 150 "$BIN/cuda_bench" --backend cuda --random_config tests/gpu/llama31_8b_config.json \
      --prefill_tokens 8192,32768 --chunk 8192 --decode_batches 1,16,64 --decode_tokens 32 \
      --decode_context 1024 --ridgefill_depths 0.5,0.667 --exact_tail_tokens 1024 --repeats 1 \
      --peak_tflops 989 --peak_hbm_gbps 4800 --attention_tokens 2048,8192,32768 \
@@ -217,7 +245,9 @@ else
 fi
 
 # --- 5. the GEMM algorithms' reference batch: 16 against step 4's 256 ---------------------------
-if [ "$(elapsed)" -gt 370 ]; then
+if [ "$PHASE" = 2 ]; then
+  say "speed 8B at GEMM reference batch 16: in phase 1"
+elif [ "$(elapsed)" -gt 200 ]; then
   say "speed 8B at GEMM reference batch 16: skipped (the run is at $(elapsed) s)"
 elif RIDGESERVE_CUDA_GEMM_REFERENCE_N=16 timeout 90 "$BIN/cuda_bench" --backend cuda \
      --random_config tests/gpu/llama31_8b_config.json --prefill_tokens 8192 --chunk 8192 \
