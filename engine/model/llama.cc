@@ -119,6 +119,9 @@ absl::Status LlamaModel::ReserveWorkspace(int32_t rows, int32_t seqs, int64_t bl
   RS_RETURN_IF_ERROR(EnsureWorkspace(rows, StepMetaInts(rows, seqs, block_table_ints)));
   RS_RETURN_IF_ERROR(EnsureLogitRows(seqs));
   RS_RETURN_IF_ERROR(backend_.ReserveOps(StepOpShapes(config_, shard_, rows, kv_cache_dtype_)));
+  if (comm_ != nullptr) {
+    RS_RETURN_IF_ERROR(comm_->ReserveAllReduce(static_cast<size_t>(rows) * config_.hidden));
+  }
   // Each sequence's repetition-penalty context is at most the model's context.
   return shard_.rank == 0 ? backend_.ReserveSampling(seqs, config_.vocab_size,
                                                      int64_t{seqs} * config_.context_length)

@@ -32,6 +32,10 @@ class Communicator {
   // On every rank: data[i] = the sum over ranks of data[i], added in rank order
   // ((d_0 + d_1) + d_2) + ... , so every rank holds the same bits. data [count] floats.
   virtual absl::Status AllReduceSum(float* data, size_t count) = 0;
+  // Takes now the memory AllReduceSum of up to `count` floats and Barrier need of their own
+  // (NCCL: the gather buffer, size() x count floats of device memory), so that later calls
+  // allocate nothing. Called on each rank while none of the group's collectives is in progress.
+  virtual absl::Status ReserveAllReduce(size_t count) = 0;
   // On every rank: out[r * count + i] = rank r's in[i]. in [count], out [size() * count].
   virtual absl::Status AllGather(const float* in, size_t count, float* out) = 0;
   // On every rank: data takes root's `bytes` bytes.

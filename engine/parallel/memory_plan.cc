@@ -21,8 +21,8 @@ std::string Gb(double bytes) { return absl::StrFormat("%.2f GB", bytes / 1e9); }
 // A rank's step workspace on the device, in the parts a draft model shares or not.
 struct Workspace {
   // The model's own (LlamaModel's): f32 activations of one step, its logit rows (local; at
-  // TP > 1 also gathered, and whole on rank 0) and its metadata (every sequence's block table
-  // as long as the context).
+  // TP > 1 also gathered, and whole on rank 0), its metadata (every sequence's block table as
+  // long as the context) and, at TP > 1, the all-reduce's gather of every rank's rows.
   double model = 0;
   double sampling = 0;  // the backend's sampling scratch (on rank 0 only; counted on every rank)
   double ops = 0;       // the backend's ops' scratch (Backend::ReserveOps)
@@ -39,7 +39,8 @@ absl::StatusOr<Workspace> PlanWorkspace(const ModelConfig& c, const MemoryPlanRe
   Workspace w;
   w.model = sizeof(float) *
                 (rows * (4 * h + (q + 2 * kv) + q + 3 * ff) +
-                 seqs * s.vocab_stride * (1 + (tp ? s.size : 0)) + (tp ? seqs * c.vocab_size : 0)) +
+                 seqs * s.vocab_stride * (1 + (tp ? s.size : 0)) + (tp ? seqs * c.vocab_size : 0) +
+                 (tp ? rows * h * s.size : 0)) +
             sizeof(int32_t) * static_cast<double>(LlamaModel::StepMetaInts(
                                   request.max_batch_tokens, request.max_running_requests,
                                   int64_t{request.max_running_requests} *

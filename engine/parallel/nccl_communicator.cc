@@ -90,6 +90,10 @@ class NcclCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  absl::Status ReserveAllReduce(size_t count) override {
+    return EnsureGather(sizeof(float) * std::max<size_t>(count, 1) * size_);
+  }
+
   absl::Status AllGather(const float* in, size_t count, float* out) override {
     return Enqueue(
         [&](ncclComm_t comm) { return ncclAllGather(in, out, count, ncclFloat, comm, stream_); });
@@ -152,7 +156,8 @@ class NcclCommunicator final : public Communicator {
     return state_->AbortedStatus();
   }
 
-  // Grows the gather buffer (device memory of this rank's backend).
+  // Grows the gather buffer (device memory of this rank's backend; ReserveAllReduce takes it at
+  // the start, for the step budget's rows).
   absl::Status EnsureGather(size_t bytes) {
     if (gather_.bytes() >= bytes) return absl::OkStatus();
     gather_ = DeviceBuffer();

@@ -106,6 +106,11 @@ class ThreadCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  absl::Status ReserveAllReduce(size_t count) override {
+    if (rank_ == 0) state_.scratch.resize(std::max(state_.scratch.size(), count));
+    return absl::OkStatus();
+  }
+
   absl::Status AllGather(const float* in, size_t count, float* out) override {
     State& s = state_;
     s.posted[rank_] = in;
