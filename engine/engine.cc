@@ -967,6 +967,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
           draft->llama->ReserveWorkspace(max_rows, max_seqs, max_seqs * draft_blocks_per_seq));
     }
   }
+  // Every decode bucket recorded now, after the last reservation (growing a scratch later would
+  // make the recordings stale), so that no request's step waits for one.
+  if (options.decode_graphs && model.llama->backend().SupportsGraphs()) {
+    RS_RETURN_IF_ERROR(model.llama->RecordDecodeGraphs(*caches.front()));
+  }
   auto impl = std::make_unique<Impl>(model, options, std::move(caches), std::move(draft_cache));
   Impl* raw = impl.get();
   raw->thread = std::thread([raw] { raw->Run(); });

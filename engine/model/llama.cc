@@ -363,7 +363,11 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
     return absl::InvalidArgumentError(absl::StrCat(
         "forward: ", num_layers, " layers to run, the cache has ", cache.shape().num_layers));
   }
-  if (RunsOnGraph(input, num_layers, capture, profile)) return RunDecodeGraph(input, cache);
+  if (RunsOnGraph(input, num_layers, capture, profile)) {
+    return RunDecodeGraph(
+        input, cache,
+        *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), input.num_rows()));
+  }
   RowPlan plan;
   RS_RETURN_IF_ERROR(PlanRows(input, num_layers, capture, plan));
   const bool any_fill = !plan.groups.empty();
@@ -481,9 +485,21 @@ bool LlamaModel::RunsOnGraph(const ForwardBatch& batch, int32_t num_layers,
   return true;
 }
 
-absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache) {
+absl::Status LlamaModel::RecordDecodeGraphs(PagedKvCache& cache) {
+  if (comm_ != nullptr) return absl::OkStatus();  // TP > 1 runs every step eagerly (RunsOnGraph)
+  ForwardBatch none;                              // every row of the bucket a padding row
+  none.block_table_offsets = {0};
+  const std::vector<int32_t> buckets = graph_buckets_;  // a failed recording clears them
+  for (const int32_t bucket : buckets) {
+    if (graph_buckets_.empty()) break;
+    RS_RETURN_IF_ERROR(RunDecodeGraph(none, cache, bucket));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache,
+                                        int32_t bucket) {
   const int32_t n = batch.num_rows();
-  const int32_t bucket = *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), n);
   ForwardBatch& padded = graph_batch_;
   padded = batch;
   // The padding rows: each a sequence of its own (so every part of the metadata but the block

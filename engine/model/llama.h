@@ -186,6 +186,10 @@ class LlamaModel {
   // The buckets for up to `max_rows` decode rows: 1, 2, 4, then every 8 to 64, every 16 to 256,
   // every 32 beyond, and max_rows itself last.
   static std::vector<int32_t> DecodeGraphBuckets(int32_t max_rows);
+  // Runs and records every bucket's step now, on `cache`, with padding rows alone (they store
+  // nothing), so that no request's step waits for a recording (the engine does at the start,
+  // after every reservation). A recording that fails turns the graphs off, as in a step.
+  absl::Status RecordDecodeGraphs(PagedKvCache& cache);
 
   // The element type of the KV caches made for this model (Engine, SequenceRunner): F32, F16
   // or BF16 (--kv_cache_dtype). Forward takes whatever cache it is given.
@@ -277,8 +281,8 @@ class LlamaModel {
   // Whether Run takes the graph path for `batch` (SetDecodeGraphBuckets).
   bool RunsOnGraph(const ForwardBatch& batch, int32_t num_layers, const ForwardCapture* capture,
                    const ForwardProfile* profile) const;
-  // The graph path: `batch` padded to its bucket, replayed or run and recorded.
-  absl::Status RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache);
+  // The graph path: `batch` padded to `bucket` (>= its rows), replayed or run and recorded.
+  absl::Status RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache, int32_t bucket);
   // Embedding, every layer in full and the LM head for the uploaded metadata of `batch` (no
   // fills, no capture): what a decode graph records.
   absl::Status RunDecodeRows(const ForwardBatch& batch, PagedKvCache& cache);

@@ -37,10 +37,9 @@ absl::StatusOr<Workspace> PlanWorkspace(const ModelConfig& c, const MemoryPlanRe
   const double seqs = request.max_running_requests;
   const bool tp = request.tensor_parallel > 1;
   Workspace w;
-  w.model = sizeof(float) *
-                (rows * (4 * h + (q + 2 * kv) + q + 3 * ff) +
-                 seqs * s.vocab_stride * (1 + (tp ? s.size : 0)) + (tp ? seqs * c.vocab_size : 0) +
-                 (tp ? rows * h * s.size : 0)) +
+  w.model = sizeof(float) * (rows * (4 * h + (q + 2 * kv) + q + 3 * ff) +
+                             seqs * s.vocab_stride * (1 + (tp ? s.size : 0)) +
+                             (tp ? seqs * c.vocab_size : 0) + (tp ? rows * h * s.size : 0)) +
             sizeof(int32_t) * static_cast<double>(LlamaModel::StepMetaInts(
                                   request.max_batch_tokens, request.max_running_requests,
                                   int64_t{request.max_running_requests} *

@@ -404,6 +404,33 @@ TEST_F(EngineTest, StepsWithinTheBudgetAllocateNothingAfterTheStart) {
   WaitForFreeBlocks(**engine);
 }
 
+// The decode graphs are recorded when the engine starts, one per bucket, so that no request's
+// step waits for a recording: serving replays them and records none. Five requests of different
+// lengths decode at 5, 4, ... 1 rows (buckets 8, 4, 2, 1); their tokens are the references'.
+TEST_F(EngineTest, DecodeGraphsAreRecordedAtTheStartAndOnlyReplayedWhileServing) {
+  CountingGraphBackend counting(*backend_);
+  auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, counting);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EngineOptions options;
+  options.scheduler.max_running_requests = 12;
+  options.kv_cache_tokens = 1024;
+  auto engine = Engine::Create(**model, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int buckets = static_cast<int>(LlamaModel::DecodeGraphBuckets(12).size());  // 1 2 4 8 12
+  EXPECT_EQ(counting.records, buckets);
+  const int replays_at_start = counting.replays;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<int> max_new;
+  for (int i = 0; i < 5; ++i) {
+    prompts.push_back(RandomTokens(20 + i, 40 + i));
+    max_new.push_back(8 + 6 * i);
+  }
+  RunConcurrently(**engine, prompts, max_new);
+  EXPECT_EQ(counting.records, buckets) << "decode graphs recorded while serving";
+  EXPECT_GT(counting.replays, replays_at_start);
+  WaitForFreeBlocks(**engine);
+}
+
 TEST_F(EngineTest, RejectsWhatCannotRun) {
   EngineOptions options;
   options.scheduler.max_queued_requests = 1;
