@@ -141,7 +141,7 @@ class BackendGraph {
 // an offset of a multiple of 4 floats into one); CUDA grows scratch for any other.
 struct OpShapes {
   int32_t rows = 0;                    // rows of one step
-  int64_t max_linear_k = 0;            // the widest Linear input (hidden, query width, MLP width)
+  std::vector<int64_t> linear_ks;      // every Linear input width (hidden, query width, MLP width)
   std::vector<int64_t> linear_widths;  // every Linear and LinearRows output width
   int32_t num_heads = 0;  // attention: the rank's query and KV heads, head_dim, cache type
   int32_t num_kv_heads = 0;

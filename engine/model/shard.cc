@@ -50,7 +50,7 @@ OpShapes StepOpShapes(const ModelConfig& c, const ShardLayout& s, int32_t rows, 
   const int64_t q = s.q_dim(c.head_dim), kv = s.kv_dim(c.head_dim);
   return OpShapes{
       .rows = rows,
-      .max_linear_k = std::max<int64_t>({c.hidden, q, s.ffn}),
+      .linear_ks = {c.hidden, q, s.ffn},
       // QKV, the O projection and down (hidden), gate-up, the LM head; RidgeFill's maps output
       // hidden or K/V (2 kv).
       .linear_widths = {q + 2 * kv, c.hidden, 2 * int64_t{s.ffn}, s.vocab, 2 * kv},

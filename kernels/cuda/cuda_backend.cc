@@ -117,8 +117,8 @@ class CudaBackend final : public Backend {
     absl::StatusOr<int64_t> reference_n =
         cuda::GemmReferenceN(std::getenv("RIDGESERVE_CUDA_GEMM_REFERENCE_N"));
     if (!reference_n.ok()) return reference_n.status();
-    absl::StatusOr<std::unique_ptr<cuda::CublasLinear>> linear =
-        cuda::CublasLinear::Create(gemm_workspace_.as<void>(), stream_, *reference_n);
+    absl::StatusOr<std::unique_ptr<cuda::CublasLinear>> linear = cuda::CublasLinear::Create(
+        gemm_workspace_.as<void>(), cuda::kGemmWorkspaceBytes, stream_, *reference_n);
     if (!linear.ok()) return linear.status();
     linear_ = std::move(*linear);
     // The tiles run where RIDGESERVE_CUDA_ATTENTION allows them and a CTA may hold their shared
@@ -147,14 +147,16 @@ class CudaBackend final : public Backend {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     void* data = nullptr;
     const cudaError_t error = cudaMalloc(&data, bytes);
-    if (error != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky allocation error
+    if (error == cudaErrorMemoryAllocation) {
+      cudaGetLastError();  // out of memory is not sticky: reset the last error
       size_t free_bytes = 0, total_bytes = 0;
-      cudaMemGetInfo(&free_bytes, &total_bytes);
+      CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
       return absl::ResourceExhaustedError(absl::StrCat(
           "cannot allocate ", bytes, " bytes of device memory on GPU ", device_, " (", free_bytes,
           " of ", total_bytes, " bytes free): ", cudaGetErrorString(error)));
     }
+    // Anything else (a fault earlier on the device) is no shortage of memory.
+    if (error != cudaSuccess) return cuda::CudaError(error, "cudaMalloc", __FILE__, __LINE__);
     return DeviceBuffer(this, data, bytes);
   }
   std::optional<DeviceMemory> MemoryInfo() override {
@@ -439,6 +441,13 @@ class CudaBackend final : public Backend {
                                                    " rows: ", s.message()));
       }
     }
+    // Each k's GEMM algorithm now: a k cuBLASLt has none for fails the start, not a request.
+    for (int64_t k : shapes.linear_ks) {
+      if (absl::StatusOr<cublasLtMatmulAlgo_t> algo = linear_->AlgorithmFor(k); !algo.ok()) {
+        return absl::Status(algo.status().code(),
+                            absl::StrCat("the GEMMs with k = ", k, ": ", algo.status().message()));
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -620,8 +629,15 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess || count == 0) {
     cudaGetLastError();
+    int runtime = 0;
+    cudaRuntimeGetVersion(&runtime);
     return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device visible (", cudaGetErrorString(error), ")"));
+        error == cudaSuccess ? std::string("no CUDA device visible")
+        : error == cudaErrorInsufficientDriver
+            ? absl::StrCat("no CUDA device visible (no NVIDIA driver, or one older than CUDA ",
+                           runtime / 1000, ".", runtime % 1000 / 10,
+                           " needs: ", cudaGetErrorString(error), ")")
+            : absl::StrCat("no CUDA device visible (", cudaGetErrorString(error), ")"));
   }
   if (device < 0 || device >= count) {
     return absl::InvalidArgumentError(

@@ -14,7 +14,7 @@ namespace ridgeserve::cuda {
 namespace {
 
 constexpr uint32_t kAlignmentBytes = 16;
-constexpr int kHeuristicResults = 16;
+constexpr int kHeuristicResults = 64;
 
 // Column-major views of the row-major problem: Yᵀ [rows, n] = W [rows, k] · Xᵀ [k, n], with W
 // read as the column-major [k, rows] matrix transposed (op T) and X as column-major [k, n].
@@ -47,11 +47,13 @@ T AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttribute
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CublasLinear>> CublasLinear::Create(void* workspace,
+                                                                   size_t workspace_bytes,
                                                                    cudaStream_t stream,
                                                                    int64_t reference_n) {
   cublasLtHandle_t handle = nullptr;
   CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&handle));
-  std::unique_ptr<CublasLinear> linear(new CublasLinear(handle, workspace, stream, reference_n));
+  std::unique_ptr<CublasLinear> linear(
+      new CublasLinear(handle, workspace, workspace_bytes, stream, reference_n));
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&linear->desc_, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t transa = CUBLAS_OP_T, transb = CUBLAS_OP_N;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(linear->desc_, CUBLASLT_MATMUL_DESC_TRANSA,
@@ -61,27 +63,36 @@ absl::StatusOr<std::unique_ptr<CublasLinear>> CublasLinear::Create(void* workspa
   return linear;
 }
 
-CublasLinear::CublasLinear(cublasLtHandle_t handle, void* workspace, cudaStream_t stream,
-                           int64_t reference_n)
-    : handle_(handle), workspace_(workspace), stream_(stream), reference_n_(reference_n) {}
+CublasLinear::CublasLinear(cublasLtHandle_t handle, void* workspace, size_t workspace_bytes,
+                           cudaStream_t stream, int64_t reference_n)
+    : handle_(handle),
+      workspace_(workspace),
+      workspace_bytes_(workspace_bytes),
+      stream_(stream),
+      reference_n_(reference_n) {}
 
 CublasLinear::~CublasLinear() {
   if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
   cublasLtDestroy(handle_);
 }
 
-absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::Heuristic(int64_t rows, int64_t n, int64_t k,
-                                                             int64_t ldy) {
+absl::StatusOr<cublasLtMatmulHeuristicResult_t> CublasLinear::Heuristic(int64_t rows, int64_t n,
+                                                                        int64_t k, int64_t ldy) {
   Layouts layouts;
   if (absl::Status s = layouts.Init(rows, n, k, ldy); !s.ok()) return s;
   cublasLtMatmulPreference_t pref = nullptr;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t workspace_bytes = kGemmWorkspaceBytes;
-  const uint32_t alignment = kAlignmentBytes;
+  const size_t workspace_bytes = workspace_bytes_;
+  const uint32_t alignment = kAlignmentBytes, reductions = CUBLASLT_REDUCTION_SCHEME_NONE;
   cublasLtMatmulHeuristicResult_t results[kHeuristicResults] = {};
   int found = 0;
   cublasStatus_t status = cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes));
+  // Only algorithms without a reduction in the ranking (the filter below still checks).
+  if (status == CUBLAS_STATUS_SUCCESS) {
+    status = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                  &reductions, sizeof(reductions));
+  }
   for (auto attr :
        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
@@ -106,7 +117,7 @@ absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::Heuristic(int64_t rows, int64
         CUBLASLT_REDUCTION_SCHEME_NONE) {
       continue;
     }
-    return algo;
+    return results[i];
   }
   return absl::UnimplementedError(absl::StrCat("cuBLASLt offers no bf16 GEMM without split-K for [",
                                                rows, " x ", k, "] x [", k, " x ", n, "] (", found,
@@ -116,7 +127,7 @@ absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::Heuristic(int64_t rows, int64
 absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::AlgorithmFor(int64_t k) {
   if (auto it = algorithms_.find(k); it != algorithms_.end()) return it->second;
   int64_t reference_n = reference_n_;
-  absl::StatusOr<cublasLtMatmulAlgo_t> algo =
+  absl::StatusOr<cublasLtMatmulHeuristicResult_t> algo =
       Heuristic(kReferenceRows, reference_n, k, kReferenceRows);
   if (!algo.ok() && reference_n != kReferenceN) {
     // A small reference batch may get only split-K algorithms: the default's, said.
@@ -128,19 +139,20 @@ absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::AlgorithmFor(int64_t k) {
     reference_n = kReferenceN;
     algo = Heuristic(kReferenceRows, reference_n, k, kReferenceRows);
   }
-  if (!algo.ok()) return algo;
-  algorithms_.emplace(k, *algo);
+  if (!algo.ok()) return algo.status();
+  algorithms_.emplace(k, algo->algo);
   // Once per k, for reading a run's speed: which kernel every GEMM with this k runs.
   std::fprintf(stderr,
                "ridgeserve: cuBLASLt algorithm for k = %lld (chosen at %lld x %lld rows): id %d, "
-               "tile %u, stages %u, CTA swizzling %u\n",
+               "tile %u, stages %u, CTA swizzling %u, workspace %zu of %zu bytes\n",
                static_cast<long long>(k), static_cast<long long>(kReferenceRows),
                static_cast<long long>(reference_n),
-               AlgoConfig<int32_t>(*algo, CUBLASLT_ALGO_CONFIG_ID),
-               AlgoConfig<uint32_t>(*algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
-               AlgoConfig<uint32_t>(*algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-               AlgoConfig<uint32_t>(*algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING));
-  return algo;
+               AlgoConfig<int32_t>(algo->algo, CUBLASLT_ALGO_CONFIG_ID),
+               AlgoConfig<uint32_t>(algo->algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+               AlgoConfig<uint32_t>(algo->algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+               AlgoConfig<uint32_t>(algo->algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+               algo->workspaceSize, workspace_bytes_);
+  return algo->algo;
 }
 
 void CublasLinear::Run(const uint16_t* x, int32_t n, const uint16_t* w, int64_t rows, int64_t k,
@@ -161,11 +173,11 @@ void CublasLinear::Run(const uint16_t* x, int32_t n, const uint16_t* w, int64_t 
   const float alpha = 1.0f, beta = 0.0f;
   cublasStatus_t status =
       cublasLtMatmul(handle_, desc_, &alpha, w, layouts.a, x, layouts.b, &beta, y, layouts.c, y,
-                     layouts.c, &*algo, workspace_, kGemmWorkspaceBytes, stream_);
+                     layouts.c, &*algo, workspace_, workspace_bytes_, stream_);
   if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
     // The per-k algorithm does not take this shape: this call's own heuristic, and a warning,
     // since rows of this shape may then differ in the last bits from the same rows in others.
-    absl::StatusOr<cublasLtMatmulAlgo_t> own = Heuristic(rows, n, k, ldy);
+    absl::StatusOr<cublasLtMatmulHeuristicResult_t> own = Heuristic(rows, n, k, ldy);
     if (!own.ok()) Fatal(own.status());
     if (warned_.insert(k).second) {
       std::fprintf(stderr,
@@ -175,7 +187,7 @@ void CublasLinear::Run(const uint16_t* x, int32_t n, const uint16_t* w, int64_t 
                    static_cast<long long>(k), n, static_cast<long long>(k));
     }
     status = cublasLtMatmul(handle_, desc_, &alpha, w, layouts.a, x, layouts.b, &beta, y, layouts.c,
-                            y, layouts.c, &*own, workspace_, kGemmWorkspaceBytes, stream_);
+                            y, layouts.c, &own->algo, workspace_, workspace_bytes_, stream_);
   }
   if (status != CUBLAS_STATUS_SUCCESS)
     Fatal(CublasError(status, "cublasLtMatmul", __FILE__, __LINE__));

@@ -35,9 +35,12 @@ inline constexpr size_t kGemmWorkspaceBytes = size_t{32} << 20;
 
 class CublasLinear {
  public:
-  // `workspace` is kGemmWorkspaceBytes of device memory owned by the caller (the backend);
+  // `workspace` is `workspace_bytes` of device memory owned by the caller (the backend:
+  // kGemmWorkspaceBytes; 0 and nullptr allow only algorithms that need none);
   // `reference_n` the batch of the heuristic's reference shape (GemmReferenceN).
-  static absl::StatusOr<std::unique_ptr<CublasLinear>> Create(void* workspace, cudaStream_t stream,
+  static absl::StatusOr<std::unique_ptr<CublasLinear>> Create(void* workspace,
+                                                              size_t workspace_bytes,
+                                                              cudaStream_t stream,
                                                               int64_t reference_n);
   ~CublasLinear();
   CublasLinear(const CublasLinear&) = delete;
@@ -48,17 +51,22 @@ class CublasLinear {
   void Run(const uint16_t* x, int32_t n, const uint16_t* w, int64_t rows, int64_t k, float* y,
            int64_t ldy);
 
-  // The algorithm used for inner dimension k (chosen on first use); for tests and logs.
+  // The algorithm used for inner dimension k, chosen on first use (ReserveOps asks for every
+  // k of the model at the start, so a k without one fails the start, not a request).
   absl::StatusOr<cublasLtMatmulAlgo_t> AlgorithmFor(int64_t k);
 
  private:
-  CublasLinear(cublasLtHandle_t handle, void* workspace, cudaStream_t stream, int64_t reference_n);
-  // cuBLASLt's first algorithm for this shape with one pass over k (no split-K, no reduction).
-  absl::StatusOr<cublasLtMatmulAlgo_t> Heuristic(int64_t rows, int64_t n, int64_t k, int64_t ldy);
+  CublasLinear(cublasLtHandle_t handle, void* workspace, size_t workspace_bytes,
+               cudaStream_t stream, int64_t reference_n);
+  // cuBLASLt's first algorithm for this shape with one pass over k (no split-K, no reduction),
+  // with the workspace it needs.
+  absl::StatusOr<cublasLtMatmulHeuristicResult_t> Heuristic(int64_t rows, int64_t n, int64_t k,
+                                                            int64_t ldy);
 
   cublasLtHandle_t handle_;
   cublasLtMatmulDesc_t desc_ = nullptr;
   void* workspace_;
+  size_t workspace_bytes_;
   cudaStream_t stream_;
   int64_t reference_n_;
   std::map<int64_t, cublasLtMatmulAlgo_t> algorithms_;  // by k

@@ -138,7 +138,7 @@ OpScratch Planned(const OpShapes& shapes) {
 // output width is a multiple of 4, so no padded output).
 TEST(OpScratchTest, LinearInputAndTheLargestAttentionWorkspace) {
   const OpShapes bf16{.rows = 2048,
-                      .max_linear_k = 14336,
+                      .linear_ks = {4096, 4096, 14336},
                       .linear_widths = {6144, 4096, 28672, 128256, 2048},
                       .num_heads = 32,
                       .num_kv_heads = 8,
@@ -167,7 +167,7 @@ TEST(OpScratchTest, LinearInputAndTheLargestAttentionWorkspace) {
 // 32,004 floats, kPaddedOutputRows of them at most; fewer rows a step, fewer rows of scratch.
 TEST(OpScratchTest, PaddedOutputForTheWidestUnalignedWidth) {
   OpShapes shapes{.rows = 2048,
-                  .max_linear_k = 11008,
+                  .linear_ks = {4096, 4096, 11008},
                   .linear_widths = {12288, 4096, 22016, 32001, 8190, 8192},
                   .num_heads = 32,
                   .num_kv_heads = 32,

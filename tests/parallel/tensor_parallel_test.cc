@@ -159,7 +159,7 @@ TEST(PlanShardTest, SplitsHeadsFeaturesAndVocabulary) {
 }
 
 // What a rank's step runs, for Backend::ReserveOps: its own widths (the last rank's vocabulary
-// slice is the shorter one), the widest Linear input and its heads.
+// slice is the shorter one), its Linear inputs and its heads.
 TEST(PlanShardTest, StepOpShapesAreTheRanksLinearsAndHeads) {
   ModelConfig c = Shape(9, 3, 1536);  // head_dim 64, vocabulary 1000
   c.hidden = 576;
@@ -168,7 +168,8 @@ TEST(PlanShardTest, StepOpShapesAreTheRanksLinearsAndHeads) {
     ASSERT_TRUE(s.ok()) << s.status();
     const OpShapes ops = StepOpShapes(c, *s, 512, DType::kBF16);
     EXPECT_EQ(ops.rows, 512);
-    EXPECT_EQ(ops.max_linear_k, 576);  // hidden > the rank's 192 query and 512 MLP features
+    // Hidden, the rank's 192 query and 512 MLP features.
+    EXPECT_EQ(ops.linear_ks, (std::vector<int64_t>{576, 192, 512}));
     // QKV (3 + 2 heads), O and down, gate-up, the LM head slice, RidgeFill's K/V.
     EXPECT_EQ(ops.linear_widths, (std::vector<int64_t>{320, 576, 1024, r == 0 ? 334 : 332, 128}));
     EXPECT_EQ(ops.num_heads, 3);
