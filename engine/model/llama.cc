@@ -531,8 +531,10 @@ absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache&
   // A recording replays only with the metadata where it was recorded (a check: the layout
   // above keeps it there).
   auto recorded = graphs_.find(bucket);
-  if (recorded == graphs_.end() || !(recorded->second.meta == meta_) ||
-      !recorded->second.graph->Replay()) {
+  if (recorded != graphs_.end() && recorded->second.meta == meta_ &&
+      recorded->second.graph->Replay()) {
+    ++decode_graph_replays_;
+  } else {
     RS_RETURN_IF_ERROR(RunDecodeRows(padded, cache));
     if (backend_.SupportsGraphs()) {
       absl::StatusOr<std::unique_ptr<BackendGraph>> graph =

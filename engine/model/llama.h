@@ -190,6 +190,8 @@ class LlamaModel {
   // nothing), so that no request's step waits for a recording (the engine does at the start,
   // after every reservation). A recording that fails turns the graphs off, as in a step.
   absl::Status RecordDecodeGraphs(PagedKvCache& cache);
+  // Decode steps run by replaying a recording, so far.
+  int64_t decode_graph_replays() const { return decode_graph_replays_; }
 
   // The element type of the KV caches made for this model (Engine, SequenceRunner): F32, F16
   // or BF16 (--kv_cache_dtype). Forward takes whatever cache it is given.
@@ -360,6 +362,7 @@ class LlamaModel {
   // Every layer's K and V of the cache graphs_ write to, and of this step's.
   std::vector<const void*> recorded_cache_key_, graph_cache_key_;
   ForwardBatch graph_batch_;  // the padded batch, reused
+  int64_t decode_graph_replays_ = 0;
 };
 
 }  // namespace ridgeserve

@@ -5,11 +5,16 @@
 // steps). Skipped without a GPU.
 //
 // Tolerances. The CPU multiplies by the exact Q4_1 values in f32; CUDA by those values rounded
-// to bf16 (relative error up to 2^-9 per weight) with activations rounded to bf16 before each
+// to bf16 (relative error up to 2^-8 per weight) with activations rounded to bf16 before each
 // GEMM: the usual bf16 inference error, logits (|l| up to ~40) moving by O(0.1). The bounds
 // are first estimates, NOT yet measured on a GPU (the test prints what it measures, for the
-// first GPU run to replace them): max |Δ| <= 1.5, mean |Δ| <= 0.15, and the same argmax
-// wherever the CPU's top-2 margin exceeds 1.0.
+// first GPU run to replace them): mean |Δ| <= 0.15 and the same argmax wherever the CPU's
+// top-2 margin exceeds 1.0; the maximum over ~29M logits only within 4 (the CPU's int8
+// activations, a coarser rounding than bf16's, measured max 4.06 and mean 0.19 on this prompt:
+// README), so that a first run reports it rather than failing on an extreme.
+//
+// The prompt's text: RIDGESERVE_REFERENCE_TEXT if set (run.sh carries the licence to an image
+// without it), else /usr/share/common-licenses/Apache-2.0.
 //
 // The model: RIDGESERVE_MODEL if set (a GPU machine holds it elsewhere), else the build's
 // default; the test skips when the file is not there.
@@ -21,6 +26,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -36,12 +42,13 @@
 namespace ridgeserve {
 namespace {
 
-constexpr double kMaxAbsDiff = 1.5;
+constexpr double kMaxAbsDiff = 4.0;
 constexpr double kMeanAbsDiff = 0.15;
 constexpr double kTop1Margin = 1.0;
 
 std::vector<int32_t> ReferencePrompt(const Model& model) {
-  std::ifstream in("/usr/share/common-licenses/Apache-2.0");
+  const char* env = std::getenv("RIDGESERVE_REFERENCE_TEXT");
+  std::ifstream in(env != nullptr && *env != '\0' ? env : "/usr/share/common-licenses/Apache-2.0");
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   text.resize(std::min<size_t>(text.size(), 3000));
   return model.tokenizer->Encode(text, /*add_bos=*/true, /*parse_special=*/false);
@@ -129,6 +136,7 @@ TEST_F(CudaModelTest, LogitsMatchCpuOnTheReferencePrompt) {
 // tests passing points at Linear's cuBLASLt algorithm (kernels/cuda/linear.h).
 TEST_F(CudaModelTest, ChunkedPrefillIsBitwiseIdentical) {
   std::vector<int32_t> tokens = ReferencePrompt(*cpu_model_);
+  ASSERT_GE(tokens.size(), 150u);
   tokens.resize(150);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
     SCOPED_TRACE(std::string(KvCacheDTypeName(dtype)));
@@ -159,7 +167,16 @@ TEST_F(CudaModelTest, DecodeGraphsMatchEagerStepsBitwise) {
     model.SetDecodeGraphBuckets({});
     const testing::DecodeRun eager = testing::RunDecodeSteps(model, seqs, active, 31);
     model.SetDecodeGraphBuckets(LlamaModel::DecodeGraphBuckets(64));
+    const int64_t replays = model.decode_graph_replays();
     const testing::DecodeRun graphs = testing::RunDecodeSteps(model, seqs, active, 31);
+    // Each bucket's first step records; every later one replays (none ran eagerly instead).
+    const std::vector<int32_t> buckets = LlamaModel::DecodeGraphBuckets(64);
+    std::set<int32_t> used;
+    for (int32_t rows : active) {
+      used.insert(*std::lower_bound(buckets.begin(), buckets.end(), rows));
+    }
+    EXPECT_EQ(model.decode_graph_replays() - replays,
+              static_cast<int64_t>(active.size() - used.size()));
     model.SetDecodeGraphBuckets({});
     ASSERT_EQ(graphs.logits.size(), eager.logits.size());
     for (size_t step = 0; step < eager.logits.size(); ++step) {

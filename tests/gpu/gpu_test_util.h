@@ -6,22 +6,34 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 
-// Ends the test as SKIPPED (ctest shows it skipped, not passed) on a machine without a GPU.
-#define RS_REQUIRE_CUDA_DEVICE()                                  \
-  do {                                                            \
-    if (::ridgeserve::CudaDeviceCount() == 0) {                   \
-      GTEST_SKIP() << "no CUDA device visible: GPU test skipped"; \
-    }                                                             \
+// Ends the test as SKIPPED (ctest shows it skipped, not passed) on a machine without a GPU; as
+// FAILED, with the reason, where RIDGESERVE_REQUIRE_GPU=1 says there must be one (run.sh).
+#define RS_REQUIRE_CUDA_DEVICE()                                               \
+  do {                                                                         \
+    if (::ridgeserve::CudaDeviceCount() == 0) {                                \
+      if (::ridgeserve::testing::GpuRequired()) {                              \
+        GTEST_FAIL() << "RIDGESERVE_REQUIRE_GPU=1, but "                       \
+                     << ::ridgeserve::CreateCudaBackend(0).status().message(); \
+      }                                                                        \
+      GTEST_SKIP() << "no CUDA device visible: GPU test skipped";              \
+    }                                                                          \
   } while (0)
 
 namespace ridgeserve::testing {
+
+inline bool GpuRequired() {
+  const char* required = std::getenv("RIDGESERVE_REQUIRE_GPU");
+  return required != nullptr && std::string_view(required) == "1";
+}
 
 // A copy of `v` in `backend`'s memory.
 template <typename T>
@@ -39,18 +51,25 @@ std::vector<T> Download(Backend& backend, const DeviceBuffer& buffer, size_t n) 
   return v;
 }
 
+// Infinite where either side holds a NaN (an output left unwritten reads as one: the tests fill
+// outputs with NaN first) or the sizes differ.
 inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = a.size() == b.size() ? 0.0 : INFINITY;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
     const double d = std::abs(double{a[i]} - double{b[i]});
-    if (!(d <= worst)) worst = d;  // NaN counts as worst
+    if (std::isnan(d)) return INFINITY;
+    worst = std::max(worst, d);
   }
   return worst;
 }
 
+// NaN where `a` holds one: a bound made from it fails every comparison.
 inline double MaxAbs(const std::vector<float>& a) {
   double m = 0.0;
-  for (float x : a) m = std::max(m, std::abs(double{x}));
+  for (float x : a) {
+    if (std::isnan(x)) return NAN;
+    m = std::max(m, std::abs(double{x}));
+  }
   return m;
 }
 

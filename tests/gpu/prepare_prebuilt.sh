@@ -30,6 +30,7 @@ for t in "${TARGETS[@]}"; do
   done
 done
 strip gpu-prebuilt/bin/* 2>/dev/null || true
+cp /usr/share/common-licenses/Apache-2.0 gpu-prebuilt/  # the model test's prompt (run.sh)
 du -sh gpu-prebuilt
 # The device tool sends at most 64 MiB a call (the working tree, ~8 MB, included): the binaries
 # packed with xz (~14 MB) travel in call 1 with the model's first 42 MB (gpu-pack/), the model's

@@ -119,6 +119,12 @@ fi
 # (CUDA_CHECK) and a hang meets the timeout: the test that was running counts as failed and the
 # binary runs again without the tests already reported, until every test has its result.
 export RIDGESERVE_MODEL="$MODEL"
+# A GPU test that finds no device fails here (it skips elsewhere), naming why (an old driver...).
+export RIDGESERVE_REQUIRE_GPU=1
+# The model test's prompt text, carried in gpu-prebuilt/ for an image without it.
+if [ ! -f /usr/share/common-licenses/Apache-2.0 ] && [ -f gpu-prebuilt/Apache-2.0 ]; then
+  export RIDGESERVE_REFERENCE_TEXT=$PWD/gpu-prebuilt/Apache-2.0
+fi
 FAILED=0
 SKIPPED_TOTAL=0
 FAILED_TESTS=()
@@ -134,6 +140,11 @@ for t in "${TESTS[@]}"; do
     continue
   fi
   total=$(timeout 60 "$BIN/$t" --gtest_list_tests 2>>"$log" | grep -c '^  ')
+  if [ "$total" -eq 0 ]; then  # it did not start (a missing library...) or lists nothing
+    say "test $t: FAILED to list its tests ($(tail -1 "$log"))"
+    FAILED=1
+    continue
+  fi
   passed=0; failed=0; skipped=0; done_names=()
   for attempt in $(seq 1 "$((total + 1))"); do
     one="$OUT_DIR/$t.attempt.log"
