@@ -251,7 +251,8 @@ TEST_F(CudaOpsTest, EmbedIsExactForBf16Values) {
 }
 
 // PackWeight keeps bf16(DequantizeRow(x)): UnpackWeight gives the CPU's unpacked values rounded
-// to bf16, exactly, for a float type, a half type and a block-quantized type, with parts stacked.
+// to bf16, exactly, for a float type, a half type, bf16 (copied as it is, from rows 144 bytes
+// apart) and a block-quantized type, with parts stacked.
 TEST_F(CudaOpsTest, PackWeightIsBf16OfDequantizedRows) {
   const int64_t cols = 64;
   const auto f32 = RandomFloats(3 * cols, 12);
@@ -265,19 +266,23 @@ TEST_F(CudaOpsTest, PackWeightIsBf16OfDequantizedRows) {
     std::memcpy(&q8[b * 34], &d, 2);
     for (int e = 0; e < 32; ++e) q8[b * 34 + 2 + e] = static_cast<uint8_t>(rng());
   }
-  const HostTensor parts[3] = {
+  const size_t bf16_pitch = 2 * cols + 16;  // bytes: 8 elements a row unused
+  std::vector<uint16_t> bf16(2 * bf16_pitch / sizeof(uint16_t));
+  for (size_t i = 0; i < bf16.size(); ++i) bf16[i] = static_cast<uint16_t>(0x3c00 + 37 * i);
+  const HostTensor parts[4] = {
       F32Tensor(f32, 3, cols),
       {reinterpret_cast<const uint8_t*>(f16.data()), DType::kF16, 5, cols, 2 * cols},
+      {reinterpret_cast<const uint8_t*>(bf16.data()), DType::kBF16, 2, cols, bf16_pitch},
       {q8.data(), DType::kQ8_0, 4, cols, (cols / 32) * 34}};
   absl::StatusOr<Weight> wc = cpu_->PackWeight(parts), wg = cuda_->PackWeight(parts);
   ASSERT_TRUE(wc.ok() && wg.ok());
-  ASSERT_EQ(wg->rows(), 12);
-  EXPECT_EQ(wg->bytes(), size_t{12} * cols * 2);
-  std::vector<float> c(12 * cols), g(12 * cols);
-  ASSERT_TRUE(cpu_->UnpackWeight(*wc, 0, 12, c.data()).ok());
-  ASSERT_TRUE(cuda_->UnpackWeight(*wg, 0, 12, g.data()).ok());
+  ASSERT_EQ(wg->rows(), 14);
+  EXPECT_EQ(wg->bytes(), size_t{14} * cols * 2);
+  std::vector<float> c(14 * cols), g(14 * cols);
+  ASSERT_TRUE(cpu_->UnpackWeight(*wc, 0, 14, c.data()).ok());
+  ASSERT_TRUE(cuda_->UnpackWeight(*wg, 0, 14, g.data()).ok());
   EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(RoundedToBf16(c), g));
-  EXPECT_EQ(cuda_->UnpackWeight(*wg, 10, 3, g.data()).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(cuda_->UnpackWeight(*wg, 12, 3, g.data()).code(), absl::StatusCode::kOutOfRange);
   const HostTensor bad{nullptr, DType::kI32, 1, cols, 4 * cols};
   EXPECT_EQ(cuda_->PackWeight({&bad, 1}).status().code(), absl::StatusCode::kUnimplemented);
   // A width the GEMMs cannot take is refused at the load, naming it.
