@@ -928,13 +928,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
   for (LlamaModel* rank : model.rank_models()) {
     RS_RETURN_IF_ERROR(rank->ReserveWorkspace(max_rows, max_seqs, max_seqs * blocks_per_seq));
   }
-  // (At TP > 1 the model runs every step eagerly itself: LlamaModel::SetDecodeGraphBuckets.)
-  // A decode step has at most max_seqs rows and the budget's; padded to its bucket it stays
-  // within both, and so within the reservation.
-  if (options.decode_graphs && model.llama->backend().SupportsGraphs()) {
-    model.llama->SetDecodeGraphBuckets(
-        LlamaModel::DecodeGraphBuckets(std::min(max_seqs, max_rows)));
-  }
   std::unique_ptr<PagedKvCache> draft_cache;
   if (const DraftModel* draft = options.draft; draft != nullptr) {
     if (model.tensor_parallel() > 1) {
@@ -968,9 +961,17 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
     }
   }
   // Every decode bucket recorded now, after the last reservation (growing a scratch later would
-  // make the recordings stale), so that no request's step waits for one.
+  // make the recordings stale), so that no request's step waits for one. A decode step has at
+  // most max_seqs rows and the budget's; padded to its bucket it stays within both, and so
+  // within the reservation. (At TP > 1 the model runs every step eagerly itself:
+  // LlamaModel::SetDecodeGraphBuckets.)
   if (options.decode_graphs && model.llama->backend().SupportsGraphs()) {
-    RS_RETURN_IF_ERROR(model.llama->RecordDecodeGraphs(*caches.front()));
+    model.llama->SetDecodeGraphBuckets(
+        LlamaModel::DecodeGraphBuckets(std::min(max_seqs, max_rows)));
+    if (absl::Status s = model.llama->RecordDecodeGraphs(*caches.front()); !s.ok()) {
+      model.llama->SetDecodeGraphBuckets({});  // what it recorded writes to caches, freed now
+      return s;
+    }
   }
   auto impl = std::make_unique<Impl>(model, options, std::move(caches), std::move(draft_cache));
   Impl* raw = impl.get();

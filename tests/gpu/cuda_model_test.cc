@@ -8,10 +8,11 @@
 // to bf16 (relative error up to 2^-8 per weight) with activations rounded to bf16 before each
 // GEMM: the usual bf16 inference error, logits (|l| up to ~40) moving by O(0.1). The bounds
 // are first estimates, NOT yet measured on a GPU (the test prints what it measures, for the
-// first GPU run to replace them): mean |Δ| <= 0.15 and the same argmax wherever the CPU's
-// top-2 margin exceeds 1.0; the maximum over ~29M logits only within 4 (the CPU's int8
-// activations, a coarser rounding than bf16's, measured max 4.06 and mean 0.19 on this prompt:
-// README), so that a first run reports it rather than failing on an extreme.
+// first GPU run to replace them): the same argmax wherever the CPU's top-2 margin exceeds 1.0,
+// and |Δ| within the nearest thing measured: the CPU's own int8 activations (another rounding
+// of the activations; this test's CPU side runs f32) gave max 4.06 and mean 0.19 on this prompt
+// (README), so max <= 4 and mean <= 0.3 here, loose enough that a first run reports what it
+// measures rather than failing on an estimate.
 //
 // The prompt's text: RIDGESERVE_REFERENCE_TEXT if set (run.sh carries the licence to an image
 // without it), else /usr/share/common-licenses/Apache-2.0.
@@ -43,7 +44,7 @@ namespace ridgeserve {
 namespace {
 
 constexpr double kMaxAbsDiff = 4.0;
-constexpr double kMeanAbsDiff = 0.15;
+constexpr double kMeanAbsDiff = 0.3;
 constexpr double kTop1Margin = 1.0;
 
 std::vector<int32_t> ReferencePrompt(const Model& model) {

@@ -51,8 +51,8 @@ std::vector<T> Download(Backend& backend, const DeviceBuffer& buffer, size_t n) 
   return v;
 }
 
-// Infinite where either side holds a NaN (an output left unwritten reads as one: the tests fill
-// outputs with NaN first) or the sizes differ.
+// Infinite where either side holds a NaN (an output left unwritten reads as one where a test
+// fills its outputs with NaN first) or the sizes differ.
 inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = a.size() == b.size() ? 0.0 : INFINITY;
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {

@@ -36,9 +36,10 @@
 # first 42 MB as part.aa) and gpu-model/ (part.ab, model.sha256). Then, with carry [gpu-pack]:
 #   mkdir -p /tmp/rs-model && cp gpu-pack/part.aa /tmp/rs-model/ && python3 -c "import tarfile;
 #   tarfile.open('gpu-pack/prebuilt.tar.xz').extractall('.')" && PHASE=1 USE_PREBUILT=1
-#   timeout 330 tests/gpu/run.sh /tmp/gout; tar czf $OUT/phase1.tgz -C /tmp gout
+#   BUDGET=320 tests/gpu/run.sh /tmp/gout; tar czf $OUT/phase1.tgz -C /tmp gout
 # and at once (the machine stays warm 30 s; /tmp and gpu-prebuilt/ stay), with carry [gpu-model]:
-#   PHASE=2 USE_PREBUILT=1 timeout 330 tests/gpu/run.sh /tmp/gout2; tar czf $OUT/phase2.tgz ...
+#   PHASE=2 USE_PREBUILT=1 BUDGET=320 tests/gpu/run.sh /tmp/gout2; tar czf $OUT/phase2.tgz ...
+# (timeout_s 360 each: the budget keeps each step inside it, and the summary is always written).
 # PHASE=1 runs what needs no model (step 2 without the model test, steps 4 and 5); PHASE=2
 # joins the parts in /tmp/rs-model, checks the sum and runs the model test, the server, host
 # time and step 3. PHASE=all (the default) runs everything where the model is already there.
@@ -67,6 +68,22 @@ SUMMARY="$OUT_DIR/summary.txt"
 : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 elapsed() { echo $(($(date +%s) - START)); }
+# The run's budget in seconds (BUDGET; the phases' calls give 320): each step gets at most its
+# own limit and what the budget leaves, less 10 s for the summary, under `timeout -k 10` (a
+# process that ignores SIGTERM inside the driver is killed 10 s later).
+BUDGET=${BUDGET:-470}
+cap() {
+  local left=$((BUDGET - $(elapsed) - 10))
+  echo $((left < $1 ? left : $1))
+}
+# run_for LIMIT COMMAND...: COMMAND under the cap; 124 without running it under 5 s.
+run_for() {
+  local s
+  s=$(cap "$1")
+  shift
+  [ "$s" -ge 5 ] || return 124
+  timeout -k 10 "$s" "$@"
+}
 
 case "$PHASE" in
   1) TESTS=(cuda_attention_plan_test backend_registry_test cuda_ops_test nccl_communicator_test) ;;
@@ -81,9 +98,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 BIN=""
 if [ "${USE_PREBUILT:-0}" = 1 ]; then
   say "build: skipped (USE_PREBUILT=1)"
-elif timeout 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
+elif run_for 120 cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DRIDGESERVE_CUDA=ON \
      -DCMAKE_CUDA_ARCHITECTURES=90 >"$OUT_DIR/configure.log" 2>&1; then
-  if timeout 300 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}" cuda_bench ridgeserve ridgeserve-cli ridgeserve-loadtest \
+  if run_for 300 cmake --build "$BUILD" -j "$JOBS" --target "${TESTS[@]}" cuda_bench ridgeserve ridgeserve-cli ridgeserve-loadtest \
        >"$OUT_DIR/build.log" 2>&1; then
     BIN="$BUILD/bin"
     say "build: built here in $(elapsed) s"
@@ -99,13 +116,15 @@ if [ -z "$BIN" ] && [ -d gpu-prebuilt/bin ]; then
   # The prebuilt folder holds the project's non-CUDA libraries; CUDA's come from this image
   # (or its pip wheels: Python's site-packages folders, split into find's paths on purpose).
   # shellcheck disable=SC2046
-  CUDA_LIBS=$(dirname "$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/lib/x86_64-linux-gnu \
+  lib=$(find /usr/local/cuda*/lib64 /usr/local/cuda*/lib /usr/lib/x86_64-linux-gnu \
     $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
-    -name 'libcublasLt.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
+    -name 'libcublasLt.so.13*' 2>/dev/null | head -1)
+  CUDA_LIBS=${lib:+$(dirname "$lib")}
   # shellcheck disable=SC2046
-  NCCL_LIBS=$(dirname "$(find /usr/local/cuda*/lib* /usr/lib/x86_64-linux-gnu \
+  lib=$(find /usr/local/cuda*/lib* /usr/lib/x86_64-linux-gnu \
     $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) \
-    -name 'libnccl.so.2*' 2>/dev/null | head -1)" 2>/dev/null)
+    -name 'libnccl.so.2*' 2>/dev/null | head -1)
+  NCCL_LIBS=${lib:+$(dirname "$lib")}
   export LD_LIBRARY_PATH="$PWD/gpu-prebuilt/lib:${CUDA_LIBS}:${NCCL_LIBS}:${LD_LIBRARY_PATH:-}"
   say "build: using prebuilt binaries from gpu-prebuilt/ (CUDA libraries from ${CUDA_LIBS:-?})"
 fi
@@ -139,7 +158,7 @@ for t in "${TESTS[@]}"; do
     FAILED=1
     continue
   fi
-  total=$(timeout 60 "$BIN/$t" --gtest_list_tests 2>>"$log" | grep -c '^  ')
+  total=$(run_for 60 "$BIN/$t" --gtest_list_tests 2>>"$log" | grep -c '^  ')
   if [ "$total" -eq 0 ]; then  # it did not start (a missing library...) or lists nothing
     say "test $t: FAILED to list its tests ($(tail -1 "$log"))"
     FAILED=1
@@ -148,8 +167,8 @@ for t in "${TESTS[@]}"; do
   passed=0; failed=0; skipped=0; done_names=()
   for attempt in $(seq 1 "$((total + 1))"); do
     one="$OUT_DIR/$t.attempt.log"
-    exclude=$(IFS=:; echo "${done_names[*]}")
-    timeout 120 "$BIN/$t" --gtest_color=no --gtest_filter="*${exclude:+-$exclude}" >"$one" 2>&1
+    exclude=$(IFS=:; echo "${done_names[*]+${done_names[*]}}")
+    run_for 240 "$BIN/$t" --gtest_color=no --gtest_filter="*${exclude:+-$exclude}" >"$one" 2>&1
     rc=$?
     cat "$one" >>"$log"
     grep -E '^\[ measured \]' "$one" | tee -a "$SUMMARY"
@@ -170,7 +189,7 @@ for t in "${TESTS[@]}"; do
         tee -a "$SUMMARY"
     done < <(result_names "$one" FAILED)
     crashed=$(sed -n 's/^\[ RUN      \] \(.*\)$/\1/p' "$one" | tail -1)
-    if [ -n "$crashed" ] && [[ " ${done_names[*]} " != *" $crashed "* ]]; then
+    if [ -n "$crashed" ] && [[ " ${done_names[*]+${done_names[*]}} " != *" $crashed "* ]]; then
       failed=$((failed + 1)); done_names+=("$crashed"); FAILED_TESTS+=("$crashed")
       say "  FAILED $t $crashed: the process ended inside it (rc $rc)"
       tail -6 "$one" | tee -a "$SUMMARY"
@@ -182,6 +201,9 @@ for t in "${TESTS[@]}"; do
   if [ "$((passed + failed + skipped))" -ne "$total" ]; then
     say "  $t: $total tests listed, $((passed + failed + skipped)) reported (rc $rc)"
     failed=$((failed + 1))
+  elif [ "$failed" -eq 0 ] && [ "$rc" -ne 0 ]; then  # a fault after the last test, at teardown
+    say "  $t: every test passed or skipped, but the process exited $rc"
+    failed=1
   fi
   SKIPPED_TOTAL=$((SKIPPED_TOTAL + skipped))
   say "test $t: $total tests, $passed passed, $failed failed, $skipped SKIPPED"
@@ -192,7 +214,7 @@ say "tests done at $(elapsed) s"
 # the rows kernels have run nowhere either), the server check and the speed steps run on the rows
 # kernels (RIDGESERVE_CUDA_ATTENTION=rows), so they still measure.
 # Phase 1 leaves the choice in $STATE for phase 2.
-for name in "${FAILED_TESTS[@]}"; do
+for name in ${FAILED_TESTS[@]+"${FAILED_TESTS[@]}"}; do
   case "$name" in
     CudaOpsTest.Attention*)
       echo "$name" >"$STATE/attention_rows"
@@ -206,7 +228,7 @@ fi
 
 # --- 2b. the server on --backend cuda ---------------------------------------------------------
 if [ -f "$MODEL" ] && [ -x "$BIN/ridgeserve" ] && [ -x "$BIN/ridgeserve-cli" ]; then
-  timeout 100 tests/gpu/server_check.sh "$BIN" cuda "$MODEL" "$OUT_DIR/server" | tee -a "$SUMMARY"
+  run_for 100 tests/gpu/server_check.sh "$BIN" cuda "$MODEL" "$OUT_DIR/server" | tee -a "$SUMMARY"
   [ "${PIPESTATUS[0]}" -eq 0 ] || FAILED=1
 else
   say "server cuda: not checked (no model or no server binaries)"
@@ -214,7 +236,7 @@ fi
 
 # --- 2c. host time per decode step at batch 64 on --backend cuda ------------------------------
 if [ -f "$MODEL" ] && [ -x "$BIN/ridgeserve" ] && [ -x "$BIN/ridgeserve-loadtest" ]; then
-  timeout 60 tests/gpu/host_time.sh "$BIN" cuda "$MODEL" "$OUT_DIR/host_time" | tee -a "$SUMMARY"
+  run_for 60 tests/gpu/host_time.sh "$BIN" cuda "$MODEL" "$OUT_DIR/host_time" | tee -a "$SUMMARY"
   rc=${PIPESTATUS[0]}
   [ "$rc" -eq 0 ] || say "host time cuda: FAILED or timed out (exit $rc; $OUT_DIR/host_time)"
 else
@@ -224,11 +246,11 @@ fi
 # --- 3. speed -------------------------------------------------------------------------------
 if [ -f "$MODEL" ]; then
   for backend in cuda cpu; do
-    if [ "$(elapsed)" -gt 400 ]; then
-      say "speed $backend: skipped (the run is at $(elapsed) s of its 8-minute budget)"
+    if [ "$(cap 60)" -lt 30 ]; then
+      say "speed $backend: skipped (the run is at $(elapsed) s of its $BUDGET s)"
       continue
     fi
-    if timeout 60 "$BIN/cuda_bench" --backend "$backend" --model "$MODEL" --threads 16 \
+    if run_for 60 "$BIN/cuda_bench" --backend "$backend" --model "$MODEL" --threads 16 \
          --prefill_tokens 512,2048 --decode_tokens 128 --repeats 2 \
          >"$OUT_DIR/bench_$backend.json" 2>"$OUT_DIR/bench_$backend.err"; then
       say "speed $backend: $(grep '^{' "$OUT_DIR/bench_$backend.json" | tail -1)"
@@ -243,9 +265,9 @@ fi
 # --- 4. speed of an 8B shape ----------------------------------------------------------------
 if [ "$PHASE" = 2 ]; then
   say "speed 8B: in phase 1"
-elif [ "$(elapsed)" -gt 240 ]; then
-  say "speed 8B: skipped (the run is at $(elapsed) s of its 8-minute budget)"
-elif timeout 150 "$BIN/cuda_bench" --backend cuda --random_config tests/gpu/llama31_8b_config.json \
+elif [ "$(cap 150)" -lt 60 ]; then
+  say "speed 8B: skipped (the run is at $(elapsed) s of its $BUDGET s)"
+elif run_for 150 "$BIN/cuda_bench" --backend cuda --random_config tests/gpu/llama31_8b_config.json \
      --prefill_tokens 8192,32768 --chunk 8192 --decode_batches 1,16,64 --decode_tokens 32 \
      --decode_context 1024 --ridgefill_depths 0.5,0.667 --exact_tail_tokens 1024 --repeats 1 \
      --peak_tflops 989 --peak_hbm_gbps 4800 --attention_tokens 2048,8192,32768 \
@@ -258,9 +280,9 @@ fi
 # --- 5. the GEMM algorithms' reference batch: 16 against step 4's 256 ---------------------------
 if [ "$PHASE" = 2 ]; then
   say "speed 8B at GEMM reference batch 16: in phase 1"
-elif [ "$(elapsed)" -gt 200 ]; then
-  say "speed 8B at GEMM reference batch 16: skipped (the run is at $(elapsed) s)"
-elif RIDGESERVE_CUDA_GEMM_REFERENCE_N=16 timeout 90 "$BIN/cuda_bench" --backend cuda \
+elif [ "$(cap 90)" -lt 60 ]; then
+  say "speed 8B at GEMM reference batch 16: skipped (the run is at $(elapsed) s of its $BUDGET s)"
+elif run_for 90 env RIDGESERVE_CUDA_GEMM_REFERENCE_N=16 "$BIN/cuda_bench" --backend cuda \
      --random_config tests/gpu/llama31_8b_config.json --prefill_tokens 8192 --chunk 8192 \
      --decode_batches 1,16,64 --decode_tokens 32 --decode_context 1024 --repeats 1 \
      --peak_tflops 989 --peak_hbm_gbps 4800 >"$OUT_DIR/bench_8b_ref16.json" \
