@@ -353,16 +353,29 @@ absl::Status LlamaModel::SampleLogits(std::span<const SampleSpec> specs,
   return absl::OkStatus();
 }
 
-absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
-                             ForwardCapture* capture, ForwardProfile* profile) {
-  last_logit_rows_ = 0;
-  if (profile != nullptr) *profile = ForwardProfile{};
-  const int32_t num_layers = input.num_layers == 0 ? config_.num_layers : input.num_layers;
+absl::Status LlamaModel::CheckFits(const ForwardBatch& input, int32_t num_layers,
+                                   const ForwardCapture* capture, const PagedKvCache& cache) const {
   RS_RETURN_IF_ERROR(CheckBatch(input, num_layers, capture));
   if (num_layers > cache.shape().num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "forward: ", num_layers, " layers to run, the cache has ", cache.shape().num_layers));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::CheckStep(const ForwardBatch& batch, const PagedKvCache& cache) const {
+  const int32_t num_layers = batch.num_layers == 0 ? config_.num_layers : batch.num_layers;
+  RS_RETURN_IF_ERROR(CheckFits(batch, num_layers, nullptr, cache));
+  RowPlan plan;
+  return PlanRows(batch, num_layers, nullptr, plan);
+}
+
+absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
+                             ForwardCapture* capture, ForwardProfile* profile) {
+  last_logit_rows_ = 0;
+  if (profile != nullptr) *profile = ForwardProfile{};
+  const int32_t num_layers = input.num_layers == 0 ? config_.num_layers : input.num_layers;
+  RS_RETURN_IF_ERROR(CheckFits(input, num_layers, capture, cache));
   if (RunsOnGraph(input, num_layers, capture, profile)) {
     return RunDecodeGraph(
         input, cache,

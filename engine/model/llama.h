@@ -233,6 +233,11 @@ class LlamaModel {
   // profile is filled; without filled rows the profile is left empty.
   absl::Status Run(const ForwardBatch& batch, PagedKvCache& cache,
                    ForwardCapture* capture = nullptr, ForwardProfile* profile = nullptr);
+  // What Run checks of a step (without a capture) before it runs anything: the batch, the
+  // cache's layers, the fills' splits; Run returns the same error. The tensor-parallel executor
+  // asks on the engine thread, so that a step the model refuses fails alone and the ranks'
+  // group, which an NCCL group cannot recover from an abort, is not aborted for it.
+  absl::Status CheckStep(const ForwardBatch& batch, const PagedKvCache& cache) const;
   // Run, then every logit row to `logits` ([batch.logit_rows.size(), vocab] on the host; rank
   // 0 only, other ranks leave it empty): for tools and tests that read whole distributions.
   absl::Status Forward(const ForwardBatch& batch, PagedKvCache& cache, std::vector<float>& logits,
@@ -268,6 +273,9 @@ class LlamaModel {
   // The batch's and the capture's arguments (InvalidArgument naming the bad one).
   absl::Status CheckBatch(const ForwardBatch& batch, int32_t num_layers,
                           const ForwardCapture* capture) const;
+  // CheckBatch, and the cache holding num_layers layers.
+  absl::Status CheckFits(const ForwardBatch& batch, int32_t num_layers,
+                         const ForwardCapture* capture, const PagedKvCache& cache) const;
   // Groups `input`'s filled rows into `plan` (plan->groups empty when no row is filled).
   absl::Status PlanRows(const ForwardBatch& input, int32_t num_layers,
                         const ForwardCapture* capture, RowPlan& plan) const;

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/common/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace ridgeserve {
@@ -73,6 +74,8 @@ void TensorParallelExecutor::RunRank(int32_t rank) {
 
 absl::Status TensorParallelExecutor::Run(const ForwardBatch& batch, ForwardProfile* profile) {
   if (!broken_.ok()) return broken_;
+  // A step the model refuses (every rank would, before any collective) fails here alone.
+  RS_RETURN_IF_ERROR(ranks_[0]->CheckStep(batch, *caches_[0]));
   {
     std::unique_lock lock(mu_);
     batch_ = &batch;

@@ -352,5 +352,38 @@ TEST_F(TensorParallelModelTest, FailedRankFailsTheStepAndTheGroupRecovers) {
   EXPECT_EQ(logits, want);
 }
 
+// A step the model refuses fails with the model's own error before any rank runs it (so the
+// group is not aborted for it: an NCCL group could not recover), and the next step runs.
+TEST_F(TensorParallelModelTest, AStepTheModelRefusesFailsAloneWithTheModelsError) {
+  const ModelConfig& c = model_->config;
+  std::vector<std::unique_ptr<PagedKvCache>> caches;
+  std::vector<PagedKvCache*> ptrs;
+  for (LlamaModel* rank : sharded_->rank_models()) {
+    auto cache = PagedKvCache::Create(
+        rank->backend(), KvCacheShape{c.num_layers, rank->shard().num_kv_heads, c.head_dim, 16, 4});
+    ASSERT_TRUE(cache.ok()) << cache.status();
+    caches.push_back(std::make_unique<PagedKvCache>(*std::move(cache)));
+    ptrs.push_back(caches.back().get());
+  }
+  TensorParallelExecutor executor(sharded_->rank_models(), ptrs);
+  const std::vector<int32_t> tokens = RandomTokens(20, 15);
+  BlockTable table;
+  ASSERT_TRUE(table.Reserve(ptrs[0]->pool(), 20, 16).ok());
+  ForwardBatch bad;
+  bad.AddSequence(table, 16, tokens, 0, true);
+  bad.fill_split = {0};  // one entry for 20 rows
+  const absl::Status refused = executor.Run(bad, nullptr);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_NE(refused.message().find("fill_split"), std::string::npos) << refused;
+  ForwardBatch good;
+  good.AddSequence(table, 16, tokens, 0, true);
+  ASSERT_TRUE(executor.Run(good, nullptr).ok());
+  std::vector<float> logits;
+  executor.head().CopyAllLogits(logits);
+  const std::vector<float> want = AllLogits(*sharded_, tokens, 20);
+  ASSERT_EQ(logits.size(), static_cast<size_t>(c.vocab_size));
+  EXPECT_TRUE(std::equal(logits.begin(), logits.end(), want.end() - c.vocab_size));
+}
+
 }  // namespace
 }  // namespace ridgeserve
