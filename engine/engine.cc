@@ -178,6 +178,7 @@ struct Engine::Impl {
   std::vector<std::unique_ptr<PagedKvCache>> caches;
   PagedKvCache* cache;                               // rank 0's
   std::unique_ptr<TensorParallelExecutor> executor;  // TP > 1
+  bool broken_reported = false;                      // options.on_broken called
   std::unique_ptr<Scheduler> scheduler;
   // SpecPC (options.draft set): the draft's cache and scheduler, and the draft layers whose
   // queries are scored (the same for every request).
@@ -460,6 +461,10 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
                           : model.llama->Run(batch, *cache, capturing ? &capture : nullptr, wanted);
   forward_seconds += Seconds(forward_start, Clock::now());
   step_rows += batch.num_rows();
+  if (executor != nullptr && !executor->broken().ok() && !broken_reported) {
+    broken_reported = true;
+    if (options.on_broken) options.on_broken(executor->broken());
+  }
   if (status.ok() && !calibration.empty()) {
     options.calibration_rows.take(capture.states, calibration);
   }
@@ -619,10 +624,15 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   }
   if (!status.ok()) {
     spdlog::error("forward failed: {}", status.ToString());
+    // INTERNAL for the requests, but UNAVAILABLE where no step can run any more (a broken
+    // tensor-parallel group): a client may retry elsewhere.
+    const absl::Status failed = status.code() == absl::StatusCode::kUnavailable
+                                    ? status
+                                    : absl::InternalError(status.message());
     for (const ScheduledChunk& chunk : plan.chunks) {
       const uint64_t id = chunk.request->id;
       scheduler->Abort(id);
-      FinishWith(id, FinishReason::kNone, absl::InternalError(status.message()));
+      FinishWith(id, FinishReason::kNone, failed);
     }
     return;
   }

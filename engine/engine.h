@@ -30,6 +30,10 @@ struct EngineOptions {
   // Decode steps replay recorded graphs on a backend that has them, at TP = 1
   // (LlamaModel::SetDecodeGraphBuckets; --enforce_eager turns this off).
   bool decode_graphs = true;
+  // Called once, on the engine thread, when the engine can run no more steps: a tensor-parallel
+  // group that could not be reset after a failed step (NCCL), the reason given. Every later
+  // request fails UNAVAILABLE; the server reports itself NOT_SERVING so that it is restarted.
+  std::function<void(const absl::Status& reason)> on_broken;
   // RidgeFill (maps per request, RidgeFillRequest::maps):
   int32_t ridgefill_sink_tokens = 4;        // first prompt rows that always run exactly
   int32_t ridgefill_min_prompt_tokens = 0;  // shorter prompts run exactly

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <span>
 #include <string>
@@ -599,6 +600,18 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   engine_options.draft = draft.get();
   engine_options.draft_kv_cache_tokens = absl::GetFlag(FLAGS_draft_kv_cache_tokens);
   engine_options.spec_pc_original_positions = absl::GetFlag(FLAGS_spec_pc_original_positions);
+  // An engine that can run no more steps (a tensor-parallel group NCCL cannot reset) turns the
+  // health service NOT_SERVING, so that Kubernetes' probes restart the server.
+  std::mutex health_mu;
+  grpc::HealthCheckServiceInterface* health_service = nullptr;  // once the server exists
+  bool engine_broken = false;
+  engine_options.on_broken = [&](const absl::Status& reason) {
+    spdlog::error("the engine can run no more steps ({}): health NOT_SERVING",
+                  std::string(reason.message()));
+    std::lock_guard lock(health_mu);
+    engine_broken = true;
+    if (health_service != nullptr) health_service->SetServingStatus(false);
+  };
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(*model, engine_options));
   {
     const EngineStats stats = engine->stats();
@@ -693,7 +706,11 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
   }
   // gRPC's health service starts out SERVING; it is not until the warm-up ran.
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(false);
+  {
+    std::lock_guard lock(health_mu);
+    health_service = health;
+    health->SetServingStatus(false);
+  }
   spdlog::info("listening on {} ({}; health NOT_SERVING until warmed up)",
                ListenAddress(host, port), security.description);
 
@@ -701,7 +718,7 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
     server->Shutdown(absl::ToChronoTime(absl::Now()));
     return absl::Status(warm.code(), absl::StrCat("warm-up failed: ", warm.message()));
   }
-  if (signals.count() == 0) {
+  if (std::lock_guard lock(health_mu); signals.count() == 0 && !engine_broken) {
     health->SetServingStatus(true);
     spdlog::info("serving on {}", ListenAddress(host, port));
   }

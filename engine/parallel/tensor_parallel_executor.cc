@@ -21,11 +21,13 @@ TensorParallelExecutor::TensorParallelExecutor(std::vector<LlamaModel*> ranks,
     const std::vector<std::string> parts = absl::StrSplit(fault, ':');
     int32_t rank = 0;
     int64_t step = 0;
-    if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &rank) &&
-        absl::SimpleAtoi(parts[1], &step)) {
+    if ((parts.size() == 2 || (parts.size() == 3 && parts[2] == "unrecoverable")) &&
+        absl::SimpleAtoi(parts[0], &rank) && absl::SimpleAtoi(parts[1], &step)) {
       fault_rank_ = rank;
       fault_step_ = step;
-      spdlog::warn("RIDGESERVE_TEST_TP_FAULT: rank {} will fail its step {}", rank, step);
+      fault_unrecoverable_ = parts.size() == 3;
+      spdlog::warn("RIDGESERVE_TEST_TP_FAULT: rank {} will fail its step {}{}", rank, step,
+                   fault_unrecoverable_ ? ", and the group will not be reset" : "");
     }
   }
   for (int32_t r = 0; r < static_cast<int32_t>(ranks_.size()); ++r) {
@@ -98,7 +100,10 @@ absl::Status TensorParallelExecutor::Run(const ForwardBatch& batch, ForwardProfi
   const absl::Status error = absl::InternalError(
       absl::StrCat("tensor-parallel rank ", failed, " failed: ", status_[failed].message()));
   spdlog::error("{}", std::string(error.message()));
-  if (absl::Status reset = ranks_[0]->communicator()->Reset(); !reset.ok()) {
+  if (absl::Status reset = fault_unrecoverable_
+                               ? absl::UnimplementedError("RIDGESERVE_TEST_TP_FAULT: not reset")
+                               : ranks_[0]->communicator()->Reset();
+      !reset.ok()) {
     broken_ = absl::UnavailableError(
         absl::StrCat("tensor-parallel group stopped after a failed step (", reset.message(), ")"));
     spdlog::error("{}", std::string(broken_.message()));

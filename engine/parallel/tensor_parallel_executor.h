@@ -23,7 +23,8 @@ class TensorParallelExecutor {
   // ranks[r] runs on caches[r]; both must outlive the executor. Starts the rank threads.
   //
   // Testing hook: with RIDGESERVE_TEST_TP_FAULT=R:S in the environment, rank R fails its S-th
-  // step (counting from 1) without running it, as a rank whose forward errs would.
+  // step (counting from 1) without running it, as a rank whose forward errs would; with
+  // R:S:unrecoverable the group is then not reset, as an NCCL group cannot be.
   TensorParallelExecutor(std::vector<LlamaModel*> ranks, std::vector<PagedKvCache*> caches);
   ~TensorParallelExecutor();  // joins the rank threads
 
@@ -35,6 +36,8 @@ class TensorParallelExecutor {
   // Rank 0's model, which holds a successful Run's logits (LlamaModel::SampleLogits,
   // CopyLogits; called between Runs, while the rank threads wait).
   LlamaModel& head() { return *ranks_[0]; }
+  // Not OK once the group could not be reset after a failed step: every later Run fails.
+  const absl::Status& broken() const { return broken_; }
 
  private:
   void RunRank(int32_t rank);
@@ -43,6 +46,7 @@ class TensorParallelExecutor {
   std::vector<PagedKvCache*> caches_;
   int32_t fault_rank_ = -1;
   int64_t fault_step_ = -1;
+  bool fault_unrecoverable_ = false;
 
   std::mutex mu_;
   std::condition_variable start_cv_;

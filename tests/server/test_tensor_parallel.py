@@ -14,6 +14,9 @@ Server A: --tensor_parallel 3, default RidgeFill maps, a KV cache too small for 
 Server B: RIDGESERVE_TEST_TP_FAULT=1:6 (rank 1 fails the engine's sixth step: the warm-up
 request takes steps 1-4, so the first request here decodes in it): that request gets INTERNAL
 naming rank 1, and the server keeps serving correct answers afterwards.
+Server C: RIDGESERVE_TEST_TP_FAULT=1:6:unrecoverable (the group is then not reset, as an NCCL
+group cannot be): that request gets INTERNAL, the gRPC health service turns NOT_SERVING (so
+Kubernetes' probes restart the server), and later requests get UNAVAILABLE at once.
 """
 
 import os
@@ -24,8 +27,8 @@ import time
 import urllib.request
 
 from rs_testlib import (MAPS, SC, Checks, Server, consume_stream, expect, expect_eq,
-                        finish_name, greedy_request, in_threads, license_text, run_stream,
-                        run_unary)
+                        finish_name, greedy_request, health_pb2, in_threads, license_text,
+                        run_stream, run_unary)
 
 TP = 3
 
@@ -179,6 +182,31 @@ def main():
                 srv.wait_idle(srv.stats().kv_cache_blocks_total, what="after the fault")
 
             checks.run("a rank failing a step: INTERNAL for its requests, then serving", fault)
+    finally:
+        os.environ.pop("RIDGESERVE_TEST_TP_FAULT", None)
+
+    os.environ["RIDGESERVE_TEST_TP_FAULT"] = "1:6:unrecoverable"
+    try:
+        with Server(f"--tensor_parallel={TP}", name="tp3_broken", port0=True) as srv:
+            del os.environ["RIDGESERVE_TEST_TP_FAULT"]
+            ids = srv.tokenize(text[:2000])[:60]
+
+            def broken():
+                serving = health_pb2.HealthCheckResponse.SERVING
+                expect_eq(srv.health.Check(health_pb2.HealthCheckRequest(service=""),
+                                           timeout=5).status, serving, "health before the fault")
+                _, code, details = run_unary(srv.stub,
+                                             greedy_request(token_ids=ids, max_new_tokens=8))
+                expect_eq(code, SC.INTERNAL, f"status of the failed step's request ({details!r})")
+                status = srv.health.Check(health_pb2.HealthCheckRequest(service=""),
+                                          timeout=5).status
+                expect_eq(health_pb2.HealthCheckResponse.ServingStatus.Name(status),
+                          "NOT_SERVING", "health after the group broke")
+                _, code, details = run_unary(srv.stub,
+                                             greedy_request(token_ids=ids, max_new_tokens=8))
+                expect_eq(code, SC.UNAVAILABLE, f"a request after the group broke ({details!r})")
+
+            checks.run("a group that cannot be reset: NOT_SERVING, then UNAVAILABLE", broken)
     finally:
         os.environ.pop("RIDGESERVE_TEST_TP_FAULT", None)
     return checks.finish()
