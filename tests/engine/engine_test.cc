@@ -195,6 +195,23 @@ class EngineTest : public DefaultModelTest {
   // computed first: a LlamaModel serves one thread at a time, and the engine thread owns it
   // while requests run.
   // `sampling` (empty: greedy) is request i's.
+  // The default model on `counting` and an engine over it (a 1024-token cache); null, the
+  // failure reported, when either does not start.
+  static std::pair<std::unique_ptr<Model>, std::unique_ptr<Engine>> CountingEngine(
+      Backend& counting, int32_t max_batch_tokens, int32_t max_running) {
+    absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(RIDGESERVE_DEFAULT_MODEL, counting);
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (!model.ok()) return {};
+    EngineOptions options;
+    options.scheduler.max_batch_tokens = max_batch_tokens;
+    options.scheduler.max_running_requests = max_running;
+    options.kv_cache_tokens = 1024;
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(**model, options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    if (!engine.ok()) return {};
+    return {*std::move(model), *std::move(engine)};
+  }
+
   static void RunConcurrently(Engine& engine, const std::vector<std::vector<int32_t>>& prompts,
                               const std::vector<int>& max_new,
                               const std::vector<SamplingParams>& sampling = {}) {
@@ -377,17 +394,11 @@ TEST_F(EngineTest, AStepBudgetWithoutRoomForItsScratchFailsTheStart) {
 // block tables name more blocks than the 64-block cache has. Their tokens are the references'.
 TEST_F(EngineTest, StepsWithinTheBudgetAllocateNothingAfterTheStart) {
   CountingGraphBackend counting(*backend_);
-  auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, counting);
-  ASSERT_TRUE(model.ok()) << model.status();
-  EngineOptions options;
-  options.scheduler.max_batch_tokens = 6;
-  options.scheduler.max_running_requests = 16;
-  options.kv_cache_tokens = 1024;
-  auto engine = Engine::Create(**model, options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto [model, engine] = CountingEngine(counting, /*max_batch_tokens=*/6, /*max_running=*/16);
+  ASSERT_NE(engine, nullptr);
   const int at_start = counting.allocs;
   const std::vector<int32_t> shared = RandomTokens(200, 7);
-  RunConcurrently(**engine, {shared}, {2});  // its 12 full blocks stay cached
+  RunConcurrently(*engine, {shared}, {2});  // its 12 full blocks stay cached
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 12; ++i) {
     std::vector<int32_t> p = shared;
@@ -395,13 +406,13 @@ TEST_F(EngineTest, StepsWithinTheBudgetAllocateNothingAfterTheStart) {
     p.insert(p.end(), own.begin(), own.end());
     prompts.push_back(p);
   }
-  RunConcurrently(**engine, prompts, std::vector<int>(prompts.size(), 32));
-  EXPECT_GE((*engine)->stats().num_prefix_hit_tokens, 12 * 192);
+  RunConcurrently(*engine, prompts, std::vector<int>(prompts.size(), 32));
+  EXPECT_GE(engine->stats().num_prefix_hit_tokens, 12 * 192);
   EXPECT_GT(counting.replays, 0) << counting.records << " decode graphs recorded, none replayed";
   EXPECT_EQ(counting.allocs, at_start) << "allocations after the start";
   std::printf("%d decode graphs recorded, %d replays\n", counting.records.load(),
               counting.replays.load());
-  WaitForFreeBlocks(**engine);
+  WaitForFreeBlocks(*engine);
 }
 
 // The decode graphs are recorded when the engine starts, one per bucket, so that no request's
@@ -409,13 +420,8 @@ TEST_F(EngineTest, StepsWithinTheBudgetAllocateNothingAfterTheStart) {
 // lengths decode at 5, 4, ... 1 rows (buckets 8, 4, 2, 1); their tokens are the references'.
 TEST_F(EngineTest, DecodeGraphsAreRecordedAtTheStartAndOnlyReplayedWhileServing) {
   CountingGraphBackend counting(*backend_);
-  auto model = LoadModel(RIDGESERVE_DEFAULT_MODEL, counting);
-  ASSERT_TRUE(model.ok()) << model.status();
-  EngineOptions options;
-  options.scheduler.max_running_requests = 12;
-  options.kv_cache_tokens = 1024;
-  auto engine = Engine::Create(**model, options);
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto [model, engine] = CountingEngine(counting, /*max_batch_tokens=*/2048, /*max_running=*/12);
+  ASSERT_NE(engine, nullptr);
   const int buckets = static_cast<int>(LlamaModel::DecodeGraphBuckets(12).size());  // 1 2 4 8 12
   EXPECT_EQ(counting.records, buckets);
   const int replays_at_start = counting.replays;
@@ -425,10 +431,10 @@ TEST_F(EngineTest, DecodeGraphsAreRecordedAtTheStartAndOnlyReplayedWhileServing)
     prompts.push_back(RandomTokens(20 + i, 40 + i));
     max_new.push_back(8 + 6 * i);
   }
-  RunConcurrently(**engine, prompts, max_new);
+  RunConcurrently(*engine, prompts, max_new);
   EXPECT_EQ(counting.records, buckets) << "decode graphs recorded while serving";
   EXPECT_GT(counting.replays, replays_at_start);
-  WaitForFreeBlocks(**engine);
+  WaitForFreeBlocks(*engine);
 }
 
 TEST_F(EngineTest, RejectsWhatCannotRun) {

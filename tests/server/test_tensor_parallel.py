@@ -19,6 +19,7 @@ group cannot be): that request gets INTERNAL, the gRPC health service turns NOT_
 Kubernetes' probes restart the server), and later requests get UNAVAILABLE at once.
 """
 
+import contextlib
 import os
 import random
 import signal
@@ -31,6 +32,19 @@ from rs_testlib import (MAPS, SC, Checks, Server, consume_stream, expect, expect
                         run_stream, run_unary)
 
 TP = 3
+
+
+@contextlib.contextmanager
+def server_with_fault(spec, name):
+    """A --tensor_parallel server whose rank fails as RIDGESERVE_TEST_TP_FAULT=spec says (read
+    when the server starts)."""
+    os.environ["RIDGESERVE_TEST_TP_FAULT"] = spec
+    try:
+        with Server(f"--tensor_parallel={TP}", name=name, port0=True) as srv:
+            del os.environ["RIDGESERVE_TEST_TP_FAULT"]
+            yield srv
+    finally:
+        os.environ.pop("RIDGESERVE_TEST_TP_FAULT", None)
 
 
 def ridgefill_request(ids, tail=64, max_new_tokens=12):
@@ -160,55 +174,45 @@ def main():
 
         checks.run("SIGTERM under load: streams finish, exit 0", drain)
 
-    os.environ["RIDGESERVE_TEST_TP_FAULT"] = "1:6"
-    try:
-        with Server(f"--tensor_parallel={TP}", name="tp3_fault", port0=True) as srv:
-            del os.environ["RIDGESERVE_TEST_TP_FAULT"]
-            ids = srv.tokenize(text[:2000])[:60]
+    with server_with_fault("1:6", "tp3_fault") as srv:
+        ids = srv.tokenize(text[:2000])[:60]
 
-            def fault():
-                outcomes = [run_unary(srv.stub, greedy_request(token_ids=ids, max_new_tokens=8))
-                            for _ in range(3)]
-                codes = [c for _, c, _ in outcomes]
-                print("  codes:", [c.name for c in codes])
-                failed = [(c, d) for _, c, d in outcomes if c != SC.OK]
-                expect(len(failed) == 1, f"want exactly one failed request, got {codes}")
-                if failed:
-                    code, details = failed[0]
-                    expect_eq(code, SC.INTERNAL, "status of the failed step's request")
-                    expect("tensor-parallel rank 1 failed" in details, f"details: {details!r}")
-                good = [list(r.token_ids) for r, c, _ in outcomes if c == SC.OK]
-                expect(len(good) == 2 and good[0] == good[1], "answers after the fault differ")
-                srv.wait_idle(srv.stats().kv_cache_blocks_total, what="after the fault")
+        def fault():
+            outcomes = [run_unary(srv.stub, greedy_request(token_ids=ids, max_new_tokens=8))
+                        for _ in range(3)]
+            codes = [c for _, c, _ in outcomes]
+            print("  codes:", [c.name for c in codes])
+            failed = [(c, d) for _, c, d in outcomes if c != SC.OK]
+            expect(len(failed) == 1, f"want exactly one failed request, got {codes}")
+            if failed:
+                code, details = failed[0]
+                expect_eq(code, SC.INTERNAL, "status of the failed step's request")
+                expect("tensor-parallel rank 1 failed" in details, f"details: {details!r}")
+            good = [list(r.token_ids) for r, c, _ in outcomes if c == SC.OK]
+            expect(len(good) == 2 and good[0] == good[1], "answers after the fault differ")
+            srv.wait_idle(srv.stats().kv_cache_blocks_total, what="after the fault")
 
-            checks.run("a rank failing a step: INTERNAL for its requests, then serving", fault)
-    finally:
-        os.environ.pop("RIDGESERVE_TEST_TP_FAULT", None)
+        checks.run("a rank failing a step: INTERNAL for its requests, then serving", fault)
 
-    os.environ["RIDGESERVE_TEST_TP_FAULT"] = "1:6:unrecoverable"
-    try:
-        with Server(f"--tensor_parallel={TP}", name="tp3_broken", port0=True) as srv:
-            del os.environ["RIDGESERVE_TEST_TP_FAULT"]
-            ids = srv.tokenize(text[:2000])[:60]
+    with server_with_fault("1:6:unrecoverable", "tp3_broken") as srv:
+        ids = srv.tokenize(text[:2000])[:60]
 
-            def broken():
-                serving = health_pb2.HealthCheckResponse.SERVING
-                expect_eq(srv.health.Check(health_pb2.HealthCheckRequest(service=""),
-                                           timeout=5).status, serving, "health before the fault")
-                _, code, details = run_unary(srv.stub,
-                                             greedy_request(token_ids=ids, max_new_tokens=8))
-                expect_eq(code, SC.INTERNAL, f"status of the failed step's request ({details!r})")
-                status = srv.health.Check(health_pb2.HealthCheckRequest(service=""),
-                                          timeout=5).status
-                expect_eq(health_pb2.HealthCheckResponse.ServingStatus.Name(status),
-                          "NOT_SERVING", "health after the group broke")
-                _, code, details = run_unary(srv.stub,
-                                             greedy_request(token_ids=ids, max_new_tokens=8))
-                expect_eq(code, SC.UNAVAILABLE, f"a request after the group broke ({details!r})")
+        def broken():
+            serving = health_pb2.HealthCheckResponse.SERVING
+            expect_eq(srv.health.Check(health_pb2.HealthCheckRequest(service=""),
+                                       timeout=5).status, serving, "health before the fault")
+            _, code, details = run_unary(srv.stub,
+                                         greedy_request(token_ids=ids, max_new_tokens=8))
+            expect_eq(code, SC.INTERNAL, f"status of the failed step's request ({details!r})")
+            status = srv.health.Check(health_pb2.HealthCheckRequest(service=""),
+                                      timeout=5).status
+            expect_eq(health_pb2.HealthCheckResponse.ServingStatus.Name(status),
+                      "NOT_SERVING", "health after the group broke")
+            _, code, details = run_unary(srv.stub,
+                                         greedy_request(token_ids=ids, max_new_tokens=8))
+            expect_eq(code, SC.UNAVAILABLE, f"a request after the group broke ({details!r})")
 
-            checks.run("a group that cannot be reset: NOT_SERVING, then UNAVAILABLE", broken)
-    finally:
-        os.environ.pop("RIDGESERVE_TEST_TP_FAULT", None)
+        checks.run("a group that cannot be reset: NOT_SERVING, then UNAVAILABLE", broken)
     return checks.finish()
 
 
