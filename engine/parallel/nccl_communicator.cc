@@ -4,10 +4,10 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,12 +35,9 @@ absl::Status NcclError(ncclResult_t result, const char* call, const char* file, 
     }                                                                             \
   } while (0)
 
-// Shared by the group's ranks. The communicators are non-blocking (config.blocking = 0): a call
-// returns at once, ncclInProgress while NCCL still works on the host (connecting to a peer, a
-// full queue), and the caller polls the communicator's state. `comms` are called under a shared
-// lock, held for one call or one poll at a time, and aborted under the exclusive one: no rank
-// calls a communicator Abort has destroyed, and nobody holds the lock while waiting for a peer,
-// so Abort (a failed rank's) always gets it and ends the wait.
+// Shared by the group's ranks. `comms` are enqueued on under a shared lock and aborted under
+// the exclusive one, so no rank enqueues on a communicator Abort has destroyed; nobody waits
+// for the device while holding the lock (Abort must be able to end such a wait).
 struct NcclCommunicatorGroup::State {
   std::vector<ncclComm_t> comms;
   std::shared_mutex mutex;
@@ -146,31 +143,16 @@ class NcclCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
-  // Runs `call(comm)` on this rank's communicator unless the group is aborted, and returns once
-  // NCCL has enqueued it (polling while it is in progress, the lock released between polls).
-  // An NCCL error aborts the group.
+  // Runs `call(comm)` on this rank's communicator unless the group is aborted.
   template <typename Call>
   absl::Status Enqueue(Call call) {
-    ncclResult_t result = ncclSuccess;
-    bool aborted = false;
     {
       std::shared_lock lock(state_->mutex);
-      aborted = state_->aborted.load();
-      if (!aborted) {
+      if (!state_->aborted.load()) {
         CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-        result = call(state_->comms[rank_]);
+        NCCL_RETURN_IF_ERROR(call(state_->comms[rank_]));
+        return absl::OkStatus();
       }
-    }
-    while (!aborted && result == ncclInProgress) {
-      std::this_thread::yield();
-      std::shared_lock lock(state_->mutex);
-      aborted = state_->aborted.load();
-      if (!aborted) ncclCommGetAsyncError(state_->comms[rank_], &result);
-    }
-    if (!aborted && result == ncclSuccess) return absl::OkStatus();
-    if (!aborted) {
-      state_->Abort(
-          std::string(NcclError(result, "NCCL collective", __FILE__, __LINE__).message()));
     }
     return state_->AbortedStatus();
   }
@@ -203,43 +185,13 @@ absl::StatusOr<std::unique_ptr<NcclCommunicatorGroup>> NcclCommunicatorGroup::Cr
   std::vector<int> devices;
   for (Backend* b : backends) devices.push_back(CudaBackendDevice(*b));
   auto state = std::make_shared<State>();
-  const int n = static_cast<int>(devices.size());
   state->comms.resize(devices.size());
-  ncclUniqueId id;
-  NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id));
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;
-  // What a failed start made, released.
-  auto failed = [&](ncclResult_t result, const char* call) {
-    for (ncclComm_t& comm : state->comms) {
-      if (comm != nullptr) ncclCommAbort(comm);
-      comm = nullptr;
-    }
-    return NcclError(result, call, __FILE__, __LINE__);
-  };
-  // Every rank's init in one group (ranks are threads of this process: one thread inits all).
-  NCCL_RETURN_IF_ERROR(ncclGroupStart());
-  ncclResult_t started = ncclSuccess;
-  for (int r = 0; r < n && (started == ncclSuccess || started == ncclInProgress); ++r) {
-    CUDA_RETURN_IF_ERROR(cudaSetDevice(devices[r]));
-    started = ncclCommInitRankConfig(&state->comms[r], n, id, r, &config);
-  }
-  const ncclResult_t ended = ncclGroupEnd();
-  if (started != ncclSuccess && started != ncclInProgress) {
-    return failed(started, "ncclCommInitRankConfig");
-  }
-  if (ended != ncclSuccess && ended != ncclInProgress) return failed(ended, "ncclGroupEnd");
-  for (int r = 0; r < n; ++r) {
-    ncclResult_t ready = ncclInProgress;
-    while (ready == ncclInProgress) {
-      if (const ncclResult_t polled = ncclCommGetAsyncError(state->comms[r], &ready);
-          polled != ncclSuccess) {
-        return failed(polled, "ncclCommGetAsyncError");
-      }
-      if (ready == ncclInProgress) std::this_thread::yield();
-    }
-    if (ready != ncclSuccess) return failed(ready, "ncclCommInitRankConfig");
-  }
+  // Every algorithm's connections now (unless the operator set it otherwise): their buffers are
+  // in use before the KV cache is sized, and no collective waits on the host for a peer's first
+  // connection while holding the group's lock, where a failed peer's Abort could not reach it.
+  setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
+  NCCL_RETURN_IF_ERROR(
+      ncclCommInitAll(state->comms.data(), static_cast<int>(devices.size()), devices.data()));
   std::unique_ptr<NcclCommunicatorGroup> group(new NcclCommunicatorGroup());
   group->state_ = state;
   for (size_t r = 0; r < backends.size(); ++r) {

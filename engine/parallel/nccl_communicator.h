@@ -14,12 +14,8 @@
 //
 // Failure: Abort (any thread) marks the group aborted and calls ncclCommAbort on every rank's
 // communicator, which also ends kernels stuck waiting for a dead peer; from then on every
-// collective returns Aborted naming the reason. The communicators are non-blocking, so no rank
-// holds on to one while NCCL waits on the host for a peer that failed (a collective's first
-// use connects, for one): Abort is never kept waiting by a rank inside a call. NCCL
-// communicators do not recover: make a new group. An NCCL error returned by a call, or found
-// by Barrier, aborts the group the same way. Not watched: a peer that hangs on the device while
-// the others wait in a stream synchronization (no timeout aborts the group).
+// collective returns Aborted naming the reason. NCCL communicators do not recover: make a new
+// group. Asynchronous NCCL errors found by Barrier abort the group the same way.
 #ifndef RIDGESERVE_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
 #define RIDGESERVE_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
 
@@ -35,9 +31,9 @@ namespace ridgeserve {
 
 class NcclCommunicatorGroup {
  public:
-  // Rank r runs on backends[r] (made by CreateCudaBackend, distinct devices). Every rank's
-  // non-blocking communicator made in one NCCL group, and waited for; Internal naming the NCCL
-  // error if it fails.
+  // Rank r runs on backends[r] (made by CreateCudaBackend, distinct devices). One
+  // ncclCommInitAll for the group, connecting every algorithm (NCCL_RUNTIME_CONNECT=0 unless
+  // set); Internal naming the NCCL error if it fails.
   static absl::StatusOr<std::unique_ptr<NcclCommunicatorGroup>> Create(
       std::span<Backend* const> backends);
   ~NcclCommunicatorGroup();
