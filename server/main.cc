@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -711,6 +712,11 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
     health_service = health;
     health->SetServingStatus(false);
   }
+  // The engine outlives the server: it must not reach the health service once that is gone.
+  absl::Cleanup forget_health = [&] {
+    std::lock_guard lock(health_mu);
+    health_service = nullptr;
+  };
   spdlog::info("listening on {} ({}; health NOT_SERVING until warmed up)",
                ListenAddress(host, port), security.description);
 

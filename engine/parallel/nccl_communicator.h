@@ -15,7 +15,10 @@
 // Failure: Abort (any thread) marks the group aborted and calls ncclCommAbort on every rank's
 // communicator, which also ends kernels stuck waiting for a dead peer; from then on every
 // collective returns Aborted naming the reason. NCCL communicators do not recover: make a new
-// group. Asynchronous NCCL errors found by Barrier abort the group the same way.
+// group. Asynchronous NCCL errors found by Barrier abort the group the same way. Not reached by
+// an abort: a rank blocked inside an NCCL call (under the group's lock) because the launch
+// queue is full behind a kernel stuck on the failed peer, and a peer that hangs on the device
+// (no timeout aborts the group).
 #ifndef RIDGESERVE_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
 #define RIDGESERVE_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
 

@@ -353,7 +353,9 @@ TEST_F(TensorParallelModelTest, FailedRankFailsTheStepAndTheGroupRecovers) {
 }
 
 // A step the model refuses fails with the model's own error before any rank runs it (so the
-// group is not aborted for it: an NCCL group could not recover), and the next step runs.
+// group is not aborted for it: an NCCL group could not recover), and the next step runs. The
+// group here is not reset after a failed step, as an NCCL group cannot be: had a rank run the
+// refused step and failed, the next step would fail too.
 TEST_F(TensorParallelModelTest, AStepTheModelRefusesFailsAloneWithTheModelsError) {
   const ModelConfig& c = model_->config;
   std::vector<std::unique_ptr<PagedKvCache>> caches;
@@ -365,7 +367,9 @@ TEST_F(TensorParallelModelTest, AStepTheModelRefusesFailsAloneWithTheModelsError
     caches.push_back(std::make_unique<PagedKvCache>(*std::move(cache)));
     ptrs.push_back(caches.back().get());
   }
+  ASSERT_EQ(setenv("RIDGESERVE_TEST_TP_FAULT", "0:1000000:unrecoverable", 1), 0);
   TensorParallelExecutor executor(sharded_->rank_models(), ptrs);
+  ASSERT_EQ(unsetenv("RIDGESERVE_TEST_TP_FAULT"), 0);
   const std::vector<int32_t> tokens = RandomTokens(20, 15);
   BlockTable table;
   ASSERT_TRUE(table.Reserve(ptrs[0]->pool(), 20, 16).ok());
@@ -377,7 +381,8 @@ TEST_F(TensorParallelModelTest, AStepTheModelRefusesFailsAloneWithTheModelsError
   EXPECT_NE(refused.message().find("fill_split"), std::string::npos) << refused;
   ForwardBatch good;
   good.AddSequence(table, 16, tokens, 0, true);
-  ASSERT_TRUE(executor.Run(good, nullptr).ok());
+  const absl::Status ran = executor.Run(good, nullptr);
+  ASSERT_TRUE(ran.ok()) << ran;
   std::vector<float> logits;
   executor.head().CopyAllLogits(logits);
   const std::vector<float> want = AllLogits(*sharded_, tokens, 20);

@@ -211,6 +211,7 @@ def main():
             _, code, details = run_unary(srv.stub,
                                          greedy_request(token_ids=ids, max_new_tokens=8))
             expect_eq(code, SC.UNAVAILABLE, f"a request after the group broke ({details!r})")
+            expect("tensor-parallel group stopped" in details, f"details: {details!r}")
 
         checks.run("a group that cannot be reset: NOT_SERVING, then UNAVAILABLE", broken)
     return checks.finish()
