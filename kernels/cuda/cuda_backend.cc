@@ -637,17 +637,19 @@ int CudaDeviceCount() {
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess || count == 0) {
+  if (error == cudaSuccess && count == 0) {
+    return absl::FailedPreconditionError("no CUDA device visible");
+  }
+  if (error != cudaSuccess) {
     cudaGetLastError();
-    int runtime = 0;
-    cudaRuntimeGetVersion(&runtime);
-    return absl::FailedPreconditionError(
-        error == cudaSuccess ? std::string("no CUDA device visible")
-        : error == cudaErrorInsufficientDriver
-            ? absl::StrCat("no CUDA device visible (no NVIDIA driver, or one older than CUDA ",
-                           runtime / 1000, ".", runtime % 1000 / 10,
-                           " needs: ", cudaGetErrorString(error), ")")
-            : absl::StrCat("no CUDA device visible (", cudaGetErrorString(error), ")"));
+    std::string why = cudaGetErrorString(error);
+    if (error == cudaErrorInsufficientDriver) {
+      int runtime = 0;
+      cudaRuntimeGetVersion(&runtime);
+      why = absl::StrCat("no NVIDIA driver, or one older than CUDA ", runtime / 1000, ".",
+                         runtime % 1000 / 10, " needs: ", why);
+    }
+    return absl::FailedPreconditionError(absl::StrCat("no CUDA device visible (", why, ")"));
   }
   if (device < 0 || device >= count) {
     return absl::InvalidArgumentError(
