@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "engine/common/status_macros.h"
 #include "engine/draft/attention_scores.h"
 #include "engine/draft/spec_kv.h"
@@ -34,6 +35,13 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
 
 // Prefix-cache namespace of SpecPC's compressed prompts: their blocks are never shared with
 // exact requests (renumbered or original positions alike).
+// What the requests of a failed step get: INTERNAL, but UNAVAILABLE where no step can run any
+// more (a broken engine): a client may retry elsewhere.
+absl::Status FailedStepStatus(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ? status
+                                                         : absl::InternalError(status.message());
+}
+
 uint64_t SpecPcCacheSalt(bool original_positions) {
   return 0x5350'4350'0000'0000ull | (original_positions ? 2 : 1);
 }
@@ -172,13 +180,20 @@ struct Engine::Impl {
   void Emit(uint64_t id, Live& live, TokenEvent& event);
   void FinishWith(uint64_t id, FinishReason reason, absl::Status status);
   void Publish();
+  // EngineOptions::step_timeout_seconds: the watchdog thread's loop, until the engine stops or
+  // is broken.
+  void Watch();
+  // The engine can run no more steps, for `reason`: the first reason is kept and reported
+  // (EngineOptions::on_broken), later ones are dropped. Any thread.
+  void Break(const absl::Status& reason);
+  // OK, or why the engine is broken.
+  absl::Status Broken();
 
   Model& model;
   const EngineOptions options;
   std::vector<std::unique_ptr<PagedKvCache>> caches;
   PagedKvCache* cache;                               // rank 0's
   std::unique_ptr<TensorParallelExecutor> executor;  // TP > 1
-  bool broken_reported = false;                      // options.on_broken called
   std::unique_ptr<Scheduler> scheduler;
   // SpecPC (options.draft set): the draft's cache and scheduler, and the draft layers whose
   // queries are scored (the same for every request).
@@ -196,6 +211,9 @@ struct Engine::Impl {
   bool exited = false;  // the engine thread ran its last task
   uint64_t next_id = 1;
   EngineStats published;
+  std::optional<Clock::time_point> step_started;  // of the step now running
+  absl::Status broken;                            // OK while steps can run
+  std::condition_variable watchdog_cv;            // wakes the watchdog to stop
 
   // Engine thread only.
   std::unordered_map<uint64_t, Live> live;
@@ -204,6 +222,7 @@ struct Engine::Impl {
   double forward_seconds = 0.0;
   int64_t step_rows = 0;
   std::thread thread;
+  std::thread watchdog;  // options.step_timeout_seconds > 0
 };
 
 bool Engine::Impl::TakeInput() {
@@ -456,15 +475,15 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   if (!calibration.empty()) capture.depths = options.calibration_rows.depths;
   const bool capturing = !captured.empty() || !calibration.empty();
   const Clock::time_point forward_start = Clock::now();
-  absl::Status status =
-      executor != nullptr ? executor->Run(batch, wanted)
-                          : model.llama->Run(batch, *cache, capturing ? &capture : nullptr, wanted);
+  absl::Status status = Broken();
+  if (status.ok()) {
+    status = executor != nullptr
+                 ? executor->Run(batch, wanted)
+                 : model.llama->Run(batch, *cache, capturing ? &capture : nullptr, wanted);
+  }
   forward_seconds += Seconds(forward_start, Clock::now());
   step_rows += batch.num_rows();
-  if (executor != nullptr && !executor->broken().ok() && !broken_reported) {
-    broken_reported = true;
-    if (options.on_broken) options.on_broken(executor->broken());
-  }
+  if (executor != nullptr && !executor->broken().ok()) Break(executor->broken());
   if (status.ok() && !calibration.empty()) {
     options.calibration_rows.take(capture.states, calibration);
   }
@@ -592,6 +611,8 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     if (status.ok()) status = head.CopyLogits(host_rows, host_logits.data());
     forward_seconds += Seconds(sample_start, Clock::now());
   }
+  // A broken engine's step fails whatever it computed: the step past the timeout among them.
+  if (absl::Status b = Broken(); !b.ok()) status = std::move(b);
   for (size_t j = 0; status.ok() && j < on_backend.size(); ++j) on_backend[j]->result = results[j];
   for (size_t j = 0; status.ok() && j < on_host.size(); ++j) {
     Draw& d = *on_host[j];
@@ -624,11 +645,7 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   }
   if (!status.ok()) {
     spdlog::error("forward failed: {}", status.ToString());
-    // INTERNAL for the requests, but UNAVAILABLE where no step can run any more (a broken
-    // tensor-parallel group): a client may retry elsewhere.
-    const absl::Status failed = status.code() == absl::StatusCode::kUnavailable
-                                    ? status
-                                    : absl::InternalError(status.message());
+    const absl::Status failed = FailedStepStatus(status);
     for (const ScheduledChunk& chunk : plan.chunks) {
       const uint64_t id = chunk.request->id;
       scheduler->Abort(id);
@@ -706,7 +723,8 @@ void Engine::Impl::RunDraft(const StepPlan& plan) {
     }
   }
   const Clock::time_point forward_start = Clock::now();
-  absl::Status status = draft.llama->Run(batch, *draft_cache, &capture, nullptr);
+  absl::Status status = Broken();
+  if (status.ok()) status = draft.llama->Run(batch, *draft_cache, &capture, nullptr);
   // The draft's tokens are greedy, drawn on the backend: one spec per sampled row.
   std::vector<SampleSpec> greedy;
   for (const ScheduledChunk& chunk : plan.chunks) {
@@ -716,11 +734,13 @@ void Engine::Impl::RunDraft(const StepPlan& plan) {
   std::vector<SampledToken> drafted(greedy.size());
   if (status.ok()) status = draft.llama->SampleLogits(greedy, {}, drafted.data());
   forward_seconds += Seconds(forward_start, Clock::now());
+  if (absl::Status b = Broken(); !b.ok()) status = std::move(b);
   if (!status.ok()) {
     spdlog::error("draft forward failed: {}", status.ToString());
+    const absl::Status failed = FailedStepStatus(status);
     for (const ScheduledChunk& chunk : plan.chunks) {
       draft_scheduler->Abort(chunk.request->id);
-      FinishWith(chunk.request->id, FinishReason::kNone, absl::InternalError(status.message()));
+      FinishWith(chunk.request->id, FinishReason::kNone, failed);
     }
     return;
   }
@@ -855,6 +875,46 @@ void Engine::Impl::Publish() {
   published.step_rows = step_rows;
 }
 
+void Engine::Impl::Watch() {
+  const auto timeout = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options.step_timeout_seconds));
+  std::unique_lock<std::mutex> lock(mu);
+  while (!stopping && broken.ok()) {
+    if (!step_started) {
+      watchdog_cv.wait_for(lock, timeout);  // a step that starts meanwhile has time left
+      continue;
+    }
+    if (const Clock::time_point deadline = *step_started + timeout; Clock::now() < deadline) {
+      watchdog_cv.wait_until(lock, deadline);  // the step may have ended, and another begun
+      continue;
+    }
+    const double seconds = Seconds(*step_started, Clock::now());
+    lock.unlock();
+    const absl::Status reason = absl::UnavailableError(
+        absl::StrFormat("an engine step has run for %.1f s, past the step timeout of %g s: the "
+                        "engine is stalled",
+                        seconds, options.step_timeout_seconds));
+    Break(reason);  // first, so that the step's requests get this reason, not the abort's
+    // Ranks waiting in a collective for a hung peer return; the step ends when every rank has.
+    if (executor != nullptr) model.llama->communicator()->Abort(std::string(reason.message()));
+    return;
+  }
+}
+
+void Engine::Impl::Break(const absl::Status& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!broken.ok()) return;
+    broken = reason;
+  }
+  if (options.on_broken) options.on_broken(reason);
+}
+
+absl::Status Engine::Impl::Broken() {
+  std::lock_guard<std::mutex> lock(mu);
+  return broken;
+}
+
 void Engine::Impl::RunTasks() {
   std::vector<Task> run;
   {
@@ -870,7 +930,15 @@ void Engine::Impl::RunTasks() {
 void Engine::Impl::Run() {
   while (TakeInput()) {
     RunTasks();
-    if (HasWork()) Step();
+    if (HasWork()) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        step_started = Clock::now();
+      }
+      Step();
+      std::lock_guard<std::mutex> lock(mu);
+      step_started.reset();
+    }
     Publish();
   }
   // Stopping: everything still live ends as aborted.
@@ -986,6 +1054,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
   auto impl = std::make_unique<Impl>(model, options, std::move(caches), std::move(draft_cache));
   Impl* raw = impl.get();
   raw->thread = std::thread([raw] { raw->Run(); });
+  if (options.step_timeout_seconds > 0) raw->watchdog = std::thread([raw] { raw->Watch(); });
   return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
@@ -997,7 +1066,9 @@ Engine::~Engine() {
     impl_->stopping = true;
   }
   impl_->cv.notify_all();
+  impl_->watchdog_cv.notify_all();
   impl_->thread.join();
+  if (impl_->watchdog.joinable()) impl_->watchdog.join();
   // The model outlives this engine; its recordings would write to this engine's cache.
   impl_->model.llama->SetDecodeGraphBuckets({});
 }
@@ -1054,6 +1125,7 @@ absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     if (impl_->stopping) return absl::UnavailableError("engine is stopping");
+    if (!impl_->broken.ok()) return impl_->broken;
     const int32_t waiting =
         impl_->published.num_waiting + static_cast<int32_t>(impl_->incoming.size());
     if (waiting >= impl_->options.scheduler.max_queued_requests) {
@@ -1169,6 +1241,9 @@ EngineStats Engine::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   EngineStats stats = impl_->published;
   stats.num_waiting += static_cast<int32_t>(impl_->incoming.size());
+  if (impl_->step_started)
+    stats.step_in_progress_seconds = Seconds(*impl_->step_started, Clock::now());
+  stats.broken = !impl_->broken.ok();
   return stats;
 }
 

@@ -30,9 +30,17 @@ struct EngineOptions {
   // Decode steps replay recorded graphs on a backend that has them, at TP = 1
   // (LlamaModel::SetDecodeGraphBuckets; --enforce_eager turns this off).
   bool decode_graphs = true;
-  // Called once, on the engine thread, when the engine can run no more steps: a tensor-parallel
-  // group that could not be reset after a failed step (NCCL), the reason given. Every later
-  // request fails UNAVAILABLE; the server reports itself NOT_SERVING so that it is restarted.
+  // A step (scheduling, the forward passes, sampling, handing out tokens) that runs longer than
+  // this many seconds stalls the engine (<= 0: no limit): a watchdog thread aborts a
+  // tensor-parallel group's collectives, so that ranks waiting for a hung peer return, and
+  // reports the engine broken (on_broken). The stalled step's requests fail UNAVAILABLE when it
+  // returns, if it ever does.
+  double step_timeout_seconds = 0;
+  // Called once, on the engine thread or the watchdog's, when the engine can run no more steps:
+  // a tensor-parallel group that could not be reset after a failed step (NCCL), or a step past
+  // step_timeout_seconds; the reason (Unavailable) given. The requests of the step that broke
+  // it and of every later step fail with the reason, and Submit refuses new ones with it; the
+  // server reports itself NOT_SERVING so that it is restarted. Must not block.
   std::function<void(const absl::Status& reason)> on_broken;
   // RidgeFill (maps per request, RidgeFillRequest::maps):
   int32_t ridgefill_sink_tokens = 4;        // first prompt rows that always run exactly
@@ -185,6 +193,10 @@ struct EngineStats {
   double step_seconds = 0.0;
   double forward_seconds = 0.0;
   int64_t step_rows = 0;  // rows of the target model's forward passes (prompt and decode)
+  // How long the step now running has run (0 between steps), as of the call: it grows while a
+  // step hangs, when nothing else changes.
+  double step_in_progress_seconds = 0.0;
+  bool broken = false;  // the engine can run no more steps (EngineOptions::on_broken)
 };
 
 class Engine {
@@ -203,7 +215,8 @@ class Engine {
   // a RidgeFill split layer the model has no maps for and for SpecPC / SpecKV without a draft
   // (EngineOptions::draft), OutOfRange when prompt + lookahead exceeds the draft's context or
   // KV cache, InvalidArgument for forced tokens outside the vocabulary or not max_new_tokens
-  // of them, or forced / background with another prefill mode.
+  // of them, or forced / background with another prefill mode; Unavailable once the engine is
+  // broken (EngineOptions::on_broken).
   absl::StatusOr<uint64_t> Submit(EngineRequest request);
   // Ends a request within one step; its final event has finish_reason kAborted. Unknown or
   // finished ids are ignored.

@@ -179,6 +179,10 @@ ABSL_FLAG(int32_t, draft_kv_cache_tokens, 32768,
 ABSL_FLAG(bool, spec_pc_original_positions, false,
           "SpecPC: kept tokens keep their original RoPE positions instead of being renumbered "
           "0..budget-1 as the reference does");
+ABSL_FLAG(double, step_timeout_s, 600,
+          "an engine step running longer than this stalls the server: health NOT_SERVING (so "
+          "that its probes restart it), a tensor-parallel group's collectives aborted, the "
+          "step's requests and later ones UNAVAILABLE; 0: no limit");
 ABSL_FLAG(double, shutdown_timeout_s, 30,
           "on SIGTERM/SIGINT, how long in-flight requests may take to finish before they are "
           "aborted");
@@ -239,6 +243,9 @@ absl::Status CheckFlags() {
       absl::GetFlag(FLAGS_ridgefill_online_row_stride) < 1) {
     return absl::InvalidArgumentError(
         "--ridgefill_online_resolve_rows and --ridgefill_online_row_stride must be >= 1");
+  }
+  if (!(absl::GetFlag(FLAGS_step_timeout_s) >= 0)) {
+    return absl::InvalidArgumentError("--step_timeout_s must be >= 0");
   }
   if (!(absl::GetFlag(FLAGS_shutdown_timeout_s) >= 0)) {
     return absl::InvalidArgumentError("--shutdown_timeout_s must be >= 0");
@@ -595,14 +602,16 @@ absl::Status Serve(ShutdownSignal& signals, const PortSecurity& security) {
       absl::GetFlag(FLAGS_ridgefill_shadow_step_tokens);
   engine_options.scheduler.max_running_requests = absl::GetFlag(FLAGS_max_running_requests);
   engine_options.decode_graphs = !absl::GetFlag(FLAGS_enforce_eager);
+  engine_options.step_timeout_seconds = absl::GetFlag(FLAGS_step_timeout_s);
   engine_options.scheduler.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   engine_options.kv_cache_tokens = KvCacheTokens(*model, ranks, kv_dtype, draft.get());
   engine_options.scheduler.enable_prefix_caching = absl::GetFlag(FLAGS_enable_prefix_caching);
   engine_options.draft = draft.get();
   engine_options.draft_kv_cache_tokens = absl::GetFlag(FLAGS_draft_kv_cache_tokens);
   engine_options.spec_pc_original_positions = absl::GetFlag(FLAGS_spec_pc_original_positions);
-  // An engine that can run no more steps (a tensor-parallel group NCCL cannot reset) turns the
-  // health service NOT_SERVING, so that Kubernetes' probes restart the server.
+  // An engine that can run no more steps (a step past --step_timeout_s, a tensor-parallel group
+  // NCCL cannot reset) turns the health service NOT_SERVING, so that Kubernetes' probes restart
+  // the server.
   std::mutex health_mu;
   grpc::HealthCheckServiceInterface* health_service = nullptr;  // once the server exists
   bool engine_broken = false;

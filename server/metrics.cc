@@ -101,6 +101,15 @@ class ServerMetrics::EngineCollector final : public prometheus::Collectable {
             "part",
             {{"forward", s.forward_seconds},
              {"host", std::max(0.0, s.step_seconds - s.forward_seconds)}}),
+        OneValue("ridgeserve_engine_step_in_progress_seconds",
+                 "How long the engine step now running has run (0 between steps); past "
+                 "--step_timeout_s the engine stalls.",
+                 MetricType::Gauge, s.step_in_progress_seconds),
+        OneValue("ridgeserve_engine_broken",
+                 "1 once the engine can run no more steps (a step past --step_timeout_s, or a "
+                 "tensor-parallel group that failed for good): health NOT_SERVING, requests "
+                 "UNAVAILABLE.",
+                 MetricType::Gauge, s.broken ? 1 : 0),
     };
     if (ridgefill_ != nullptr) AppendRidgeFill(ridgefill_(), families);
     if (online_ != nullptr) AppendOnline(online_(), families);

@@ -104,8 +104,9 @@ absl::Status TensorParallelExecutor::Run(const ForwardBatch& batch, ForwardProfi
                                ? absl::UnimplementedError("RIDGESERVE_TEST_TP_FAULT: not reset")
                                : ranks_[0]->communicator()->Reset();
       !reset.ok()) {
-    broken_ = absl::UnavailableError(
-        absl::StrCat("tensor-parallel group stopped after a failed step (", reset.message(), ")"));
+    broken_ =
+        absl::UnavailableError(absl::StrCat("tensor-parallel group stopped: ", error.message(),
+                                            "; it cannot be reset (", reset.message(), ")"));
     spdlog::error("{}", std::string(broken_.message()));
   }
   return error;

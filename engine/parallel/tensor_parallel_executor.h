@@ -31,7 +31,7 @@ class TensorParallelExecutor {
   // LlamaModel::Run on every rank. When a rank fails, it aborts the group's collectives
   // so no rank waits for it, and this returns Internal naming the rank and its error; the
   // group is then reset for the next step, or, where the communicator cannot be reset, this
-  // and every later call return Unavailable saying so.
+  // and every later call return Unavailable saying so and naming the rank's error.
   absl::Status Run(const ForwardBatch& batch, ForwardProfile* profile);
   // Rank 0's model, which holds a successful Run's logits (LlamaModel::SampleLogits,
   // CopyLogits; called between Runs, while the rank threads wait).

@@ -228,6 +228,8 @@ def check_flags_known(rels):
                       f"{rel.name}: --ridgefill_maps")
         expect_eq(int(rel.flags["shutdown_timeout_s"]), v["server"]["shutdownTimeoutSeconds"],
                   f"{rel.name}: --shutdown_timeout_s")
+        expect_eq(int(rel.flags["step_timeout_s"]), v["server"]["stepTimeoutSeconds"],
+                  f"{rel.name}: --step_timeout_s")
         for extra in v["server"]["extraArgs"]:
             expect(extra in rel.server["args"], f"{rel.name}: extra arg {extra} not passed")
 

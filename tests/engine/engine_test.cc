@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <future>
 #include <map>
 #include <random>
@@ -30,6 +31,7 @@ struct Outcome {
 // A backend that forwards to another and counts Alloc calls. Its "graphs" replay by running
 // the recorded ops again, reading the buffers as they are then, as a CUDA graph replays its
 // launches: so the engine takes its decode-graph path (padded buckets, replays) on the CPU.
+// before_sample, when set, runs at the start of every Sample call (a test holds a step there).
 class CountingGraphBackend final : public Backend {
  public:
   explicit CountingGraphBackend(Backend& inner) : inner_(inner) {}
@@ -104,6 +106,7 @@ class CountingGraphBackend final : public Backend {
   }
   void Sample(float* logits, int32_t vocab, std::span<const SampleSpec> specs,
               std::span<const int32_t> penalty_ids, SampledToken* out) override {
+    if (before_sample) before_sample();
     inner_.Sample(logits, vocab, specs, penalty_ids, out);
   }
   bool SupportsGraphs() const override { return true; }
@@ -127,6 +130,7 @@ class CountingGraphBackend final : public Backend {
   }
 
   std::atomic<int> allocs = 0, records = 0, replays = 0;
+  std::function<void()> before_sample;
 
  private:
   Backend& inner_;
@@ -195,14 +199,14 @@ class EngineTest : public DefaultModelTest {
   // computed first: a LlamaModel serves one thread at a time, and the engine thread owns it
   // while requests run.
   // `sampling` (empty: greedy) is request i's.
-  // The default model on `counting` and an engine over it (a 1024-token cache); null, the
-  // failure reported, when either does not start.
+  // The default model on `counting` and an engine over it (`options` with a 1024-token cache);
+  // null, the failure reported, when either does not start.
   static std::pair<std::unique_ptr<Model>, std::unique_ptr<Engine>> CountingEngine(
-      Backend& counting, int32_t max_batch_tokens, int32_t max_running) {
+      Backend& counting, int32_t max_batch_tokens, int32_t max_running,
+      EngineOptions options = {}) {
     absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(RIDGESERVE_DEFAULT_MODEL, counting);
     EXPECT_TRUE(model.ok()) << model.status();
     if (!model.ok()) return {};
-    EngineOptions options;
     options.scheduler.max_batch_tokens = max_batch_tokens;
     options.scheduler.max_running_requests = max_running;
     options.kv_cache_tokens = 1024;
@@ -435,6 +439,59 @@ TEST_F(EngineTest, DecodeGraphsAreRecordedAtTheStartAndOnlyReplayedWhileServing)
   EXPECT_EQ(counting.records, buckets) << "decode graphs recorded while serving";
   EXPECT_GT(counting.replays, replays_at_start);
   WaitForFreeBlocks(*engine);
+}
+
+// A step that hangs (here its sampling waits, as a device that never finishes the step would)
+// stalls the engine once it passes the step timeout: the engine is reported broken while the
+// step still hangs, new requests are refused UNAVAILABLE at once, and the hung step's request
+// fails UNAVAILABLE when the step returns. Steps within the timeout do not trip it.
+TEST_F(EngineTest, AStepPastTheTimeoutStallsTheEngine) {
+  CountingGraphBackend counting(*backend_);
+  EngineOptions options;
+  options.step_timeout_seconds = 2;  // far above these requests' steps, under ASan too
+  std::promise<absl::Status> broken;
+  std::atomic<int> broken_calls = 0;
+  options.on_broken = [&](const absl::Status& reason) {
+    if (broken_calls++ == 0) broken.set_value(reason);
+  };
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  auto [model, engine] =
+      CountingEngine(counting, /*max_batch_tokens=*/2048, /*max_running=*/4, options);
+  ASSERT_NE(engine, nullptr);
+  RunConcurrently(*engine, {RandomTokens(30, 11), RandomTokens(50, 12)}, {12, 12});
+  EXPECT_EQ(broken_calls, 0) << "steps within the timeout stalled the engine";
+  EXPECT_FALSE(engine->stats().broken);
+
+  std::atomic<bool> held = false;
+  counting.before_sample = [&] {
+    if (!held.exchange(true)) released.wait();
+  };
+  auto done = std::make_shared<std::promise<Outcome>>();
+  std::future<Outcome> outcome = done->get_future();
+  ASSERT_TRUE(engine->Submit(Greedy(RandomTokens(20, 13), 8, done)).ok());
+  std::future<absl::Status> reason = broken.get_future();
+  ASSERT_EQ(reason.wait_for(std::chrono::seconds(60)), std::future_status::ready)
+      << "a hung step did not stall the engine";
+  const absl::Status why = reason.get();
+  EXPECT_EQ(why.code(), absl::StatusCode::kUnavailable) << why;
+  EXPECT_NE(why.message().find("past the step timeout of 2 s"), std::string::npos) << why;
+  const EngineStats stats = engine->stats();
+  EXPECT_TRUE(stats.broken);
+  EXPECT_GE(stats.step_in_progress_seconds, 2.0);
+  EXPECT_EQ(outcome.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "the hung step's request finished while the step hangs";
+  auto refused = std::make_shared<std::promise<Outcome>>();
+  const absl::StatusOr<uint64_t> late = engine->Submit(Greedy(RandomTokens(20, 14), 8, refused));
+  EXPECT_EQ(late.status(), why);
+
+  release.set_value();
+  const Outcome out = outcome.get();
+  EXPECT_EQ(out.status, why);
+  EXPECT_TRUE(out.tokens.empty());
+  EXPECT_EQ(broken_calls, 1);
+  WaitForFreeBlocks(*engine);
+  EXPECT_EQ(engine->stats().step_in_progress_seconds, 0.0);
 }
 
 TEST_F(EngineTest, RejectsWhatCannotRun) {

@@ -15,8 +15,14 @@ Server B: RIDGESERVE_TEST_TP_FAULT=1:6 (rank 1 fails the engine's sixth step: th
 request takes steps 1-4, so the first request here decodes in it): that request gets INTERNAL
 naming rank 1, and the server keeps serving correct answers afterwards.
 Server C: RIDGESERVE_TEST_TP_FAULT=1:6:unrecoverable (the group is then not reset, as an NCCL
-group cannot be): that request gets INTERNAL, the gRPC health service turns NOT_SERVING (so
+group cannot be): that request gets UNAVAILABLE naming rank 1's error (the engine can run no
+more steps: a client may retry elsewhere), the gRPC health service turns NOT_SERVING (so
 Kubernetes' probes restart the server), and later requests get UNAVAILABLE at once.
+Server D: --step_timeout_s=1 and a 3000-token prompt in one step (many seconds here): the
+watchdog stalls the engine while the step runs and aborts the group's collectives, so the
+ranks leave the step at their next all-reduce; that request gets UNAVAILABLE naming the step
+timeout, /metrics says ridgeserve_engine_broken 1, health turns NOT_SERVING, and a later
+request is refused UNAVAILABLE at once.
 """
 
 import contextlib
@@ -203,7 +209,9 @@ def main():
                                        timeout=5).status, serving, "health before the fault")
             _, code, details = run_unary(srv.stub,
                                          greedy_request(token_ids=ids, max_new_tokens=8))
-            expect_eq(code, SC.INTERNAL, f"status of the failed step's request ({details!r})")
+            expect_eq(code, SC.UNAVAILABLE, f"status of the failed step's request ({details!r})")
+            expect("tensor-parallel rank 1 failed: injected fault" in details,
+                   f"details: {details!r}")
             status = srv.health.Check(health_pb2.HealthCheckRequest(service=""),
                                       timeout=5).status
             expect_eq(health_pb2.HealthCheckResponse.ServingStatus.Name(status),
@@ -213,7 +221,45 @@ def main():
             expect_eq(code, SC.UNAVAILABLE, f"a request after the group broke ({details!r})")
             expect("tensor-parallel group stopped" in details, f"details: {details!r}")
 
-        checks.run("a group that cannot be reset: NOT_SERVING, then UNAVAILABLE", broken)
+        checks.run("a group that cannot be reset: UNAVAILABLE, NOT_SERVING", broken)
+
+    with Server(f"--tensor_parallel={TP}", "--step_timeout_s=1", "--max_batch_tokens=4096",
+                name="tp3_stalled", port0=True) as srv:
+        ids = srv.tokenize(text)[:3000]
+
+        def scrape(name):
+            url = f"http://127.0.0.1:{srv.metrics_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                for line in r.read().decode().splitlines():
+                    if line.startswith(name + " "):
+                        return float(line.split()[1])
+            return None
+
+        def stalled():
+            expect_eq(scrape("ridgeserve_engine_broken"), 0.0, "engine_broken before")
+            started = time.monotonic()
+            _, code, details = run_unary(srv.stub,
+                                         greedy_request(token_ids=ids, max_new_tokens=8))
+            print(f"  the 3000-token step's request: {code.name} after "
+                  f"{time.monotonic() - started:.1f} s: {details}")
+            expect_eq(code, SC.UNAVAILABLE, "status of the stalled step's request")
+            expect("past the step timeout of 1 s" in details, f"details: {details!r}")
+            expect_eq(scrape("ridgeserve_engine_broken"), 1.0, "engine_broken after")
+            expect_eq(scrape("ridgeserve_engine_step_in_progress_seconds"), 0.0,
+                      "step in progress once the stalled step ended")
+            status = srv.health.Check(health_pb2.HealthCheckRequest(service=""),
+                                      timeout=5).status
+            expect_eq(health_pb2.HealthCheckResponse.ServingStatus.Name(status),
+                      "NOT_SERVING", "health after the stall")
+            _, code, details = run_unary(srv.stub,
+                                         greedy_request(token_ids=ids[:20], max_new_tokens=8))
+            expect_eq(code, SC.UNAVAILABLE, f"a request after the stall ({details!r})")
+            # The abort reached the ranks inside the step: one of them failed on it.
+            log = open(srv.log.name, encoding="utf-8", errors="replace").read()
+            expect("tensor-parallel group aborted: an engine step has run for" in log,
+                   "no rank left the step through the abort:\n" + srv.log_tail())
+
+        checks.run("a step past --step_timeout_s: aborted, NOT_SERVING, UNAVAILABLE", stalled)
     return checks.finish()
 
 
