@@ -9,12 +9,15 @@
 // -ffp-contract=fast could fuse them into an FMA, and the dequant test would then say so.)
 #include "kernels/dtype.h"
 
+#include <omp.h>
+
 #include <bit>
 #include <cassert>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -76,12 +79,6 @@ uint16_t FloatToHalf(float f) {
   const uint32_t rebased = magnitude - (uint32_t{127 - 15} << 23);
   const uint32_t rounded = rebased + 0x0FFFu + ((rebased >> 13) & 1u);
   return sign | static_cast<uint16_t>(rounded >> 13);
-}
-
-uint16_t FloatToBFloat16(float f) {
-  const uint32_t bits = std::bit_cast<uint32_t>(f);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
 }
 
 bool IsKvCacheDType(DType type) {
@@ -470,6 +467,33 @@ absl::StatusOr<size_t> StorageBytes(DType type, int64_t num_elements) {
         num_elements, " elements of ", std::string(traits->name), " overflow the address space"));
   }
   return static_cast<size_t>(blocks * block_bytes);
+}
+
+absl::Status DequantizeRowsToBf16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows,
+                                  int64_t cols, uint16_t* dst, int threads) {
+  if (rows <= 0) return absl::OkStatus();
+  const absl::StatusOr<size_t> stored = StorageBytes(type, cols);
+  if (!stored.ok()) return stored.status();
+  if (row_bytes < *stored) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows ", row_bytes, " bytes apart hold ", *stored, " bytes each"));
+  }
+  // Every row fails as the first would (only the type and cols can fail), so the first runs
+  // alone to report it, and the others cannot fail.
+  std::vector<float> first(static_cast<size_t>(cols));
+  if (absl::Status s = DequantizeRow(type, src, cols, first.data()); !s.ok()) return s;
+  for (int64_t c = 0; c < cols; ++c) dst[c] = FloatToBFloat16(first[c]);
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_num_procs())
+  {
+    std::vector<float> row(static_cast<size_t>(cols));
+#pragma omp for schedule(static)
+    for (int64_t r = 1; r < rows; ++r) {
+      DequantizeRow(type, src + static_cast<size_t>(r) * row_bytes, cols, row.data()).IgnoreError();
+      uint16_t* out = dst + static_cast<size_t>(r) * cols;
+      for (int64_t c = 0; c < cols; ++c) out[c] = FloatToBFloat16(row[c]);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status DequantizeRow(DType type, const uint8_t* src, int64_t num_elements, float* dst) {

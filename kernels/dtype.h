@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "absl/status/statusor.h"
@@ -50,7 +51,14 @@ float HalfToFloat(uint16_t h);
 // F16C's vcvtps2ph and PyTorch's .to(torch.bfloat16) round): overflow gives infinity, f16
 // keeps subnormals, NaN stays NaN (quiet).
 uint16_t FloatToHalf(float f);
-uint16_t FloatToBFloat16(float f);
+// Inline, and a select rather than a branch, so that loops over it vectorize.
+inline uint16_t FloatToBFloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));  // (std::bit_cast: not in the CUDA files' C++ 17)
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+  return static_cast<uint16_t>((bits & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+}
 
 // The element types a KV cache may hold.
 bool IsKvCacheDType(DType type);
@@ -75,6 +83,12 @@ void IntegerBlocks32(DType type, const uint8_t* src, int64_t cols, float* d, flo
 
 // Converts `num_elements` (a multiple of the block size) from `src` to `dst`.
 absl::Status DequantizeRow(DType type, const uint8_t* src, int64_t num_elements, float* dst);
+// dst[r * cols + c] = FloatToBFloat16(DequantizeRow(row r)[c]) for the `rows` rows of `cols`
+// weights stored row_bytes apart from `src`, the rows shared among `threads` threads (<= 0:
+// one per processor). The errors of DequantizeRow, and InvalidArgument for rows closer than
+// their storage.
+absl::Status DequantizeRowsToBf16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows,
+                                  int64_t cols, uint16_t* dst, int threads);
 
 }  // namespace ridgeserve
 

@@ -98,13 +98,15 @@ class CudaBackend final : public Backend {
     x_bf16_ = DeviceBuffer();
     y_scratch_ = DeviceBuffer();
     attention_workspace_ = DeviceBuffer();
-    pack_device_ = DeviceBuffer();
     sample_upload_ = DeviceBuffer();
     sample_keys_[0] = DeviceBuffer();
     sample_keys_[1] = DeviceBuffer();
     sample_sort_temp_ = DeviceBuffer();
     sample_out_ = DeviceBuffer();
     if (pack_host_ != nullptr) cudaFreeHost(pack_host_);
+    for (cudaEvent_t event : pack_uploaded_) {
+      if (event != nullptr) cudaEventDestroy(event);
+    }
     if (sample_host_ != nullptr) cudaFreeHost(sample_host_);
     cudaStreamDestroy(stream_);
   }
@@ -225,10 +227,13 @@ class CudaBackend final : public Backend {
                                        "] bf16 weight: ", buffer.status().message()));
     }
     auto weight = std::make_unique<CudaWeight>(std::move(*buffer));
-    // Rows per upload: as many f32 rows as kPackChunkBytes holds (at least one).
+    // Rows per upload: as many bf16 rows as kPackChunkBytes holds (at least one), converted on
+    // the host's cores into one half of the pinned staging while the other half uploads.
     const int64_t chunk_rows =
-        std::max<int64_t>(1, static_cast<int64_t>(kPackChunkBytes / (sizeof(float) * cols)));
-    if (absl::Status s = EnsurePackStaging(sizeof(float) * chunk_rows * cols); !s.ok()) return s;
+        std::max<int64_t>(1, static_cast<int64_t>(kPackChunkBytes / (sizeof(uint16_t) * cols)));
+    const size_t chunk_elements = static_cast<size_t>(chunk_rows * cols);
+    if (absl::Status s = EnsurePackStaging(2 * chunk_elements); !s.ok()) return s;
+    int half = 0;
     int64_t out_row = 0;
     for (const HostTensor& part : parts) {
       if (part.dtype == DType::kBF16) {
@@ -241,19 +246,21 @@ class CudaBackend final : public Backend {
       }
       for (int64_t r0 = 0; r0 < part.rows; r0 += chunk_rows) {
         const int64_t count = std::min(chunk_rows, part.rows - r0);
-        for (int64_t r = 0; r < count; ++r) {
-          const absl::Status s =
-              DequantizeRow(part.dtype, part.data + static_cast<size_t>(r0 + r) * part.row_bytes,
-                            cols, pack_host_ + r * cols);
-          if (!s.ok()) return s;
+        uint16_t* staging = pack_host_ + half * chunk_elements;
+        // This half's previous upload (two chunks ago) must be done before it is refilled.
+        CUDA_RETURN_IF_ERROR(cudaEventSynchronize(pack_uploaded_[half]));
+        if (absl::Status s = DequantizeRowsToBf16(
+                part.dtype, part.data + static_cast<size_t>(r0) * part.row_bytes, part.row_bytes,
+                count, cols, staging, /*threads=*/0);
+            !s.ok()) {
+          CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));  // no upload reads it after
+          return s;
         }
-        const size_t chunk_bytes = sizeof(float) * count * cols;
-        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(pack_device_.as<void>(), pack_host_, chunk_bytes,
+        CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(weight->mutable_data() + out_row * cols, staging,
+                                             sizeof(uint16_t) * count * cols,
                                              cudaMemcpyHostToDevice, stream_));
-        cuda::LaunchF32ToBF16(pack_device_.as<float>(), static_cast<size_t>(count * cols),
-                              weight->mutable_data() + out_row * cols, stream_);
-        // The host staging is refilled next: wait for its upload.
-        CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+        CUDA_RETURN_IF_ERROR(cudaEventRecord(pack_uploaded_[half], stream_));
+        half ^= 1;
         out_row += count;
       }
     }
@@ -579,17 +586,23 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status EnsurePackStaging(size_t bytes) {
-    if (pack_device_.bytes() >= bytes) return absl::OkStatus();
+  // PackWeight's pinned staging of `elements` bf16 values and its two halves' events, once no
+  // upload reads the staging (PackWeight returns only when its uploads are done).
+  absl::Status EnsurePackStaging(size_t elements) {
+    for (cudaEvent_t& event : pack_uploaded_) {
+      if (event == nullptr) {
+        CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+      }
+    }
+    if (pack_host_elements_ >= elements) return absl::OkStatus();
     if (pack_host_ != nullptr) {
       CUDA_RETURN_IF_ERROR(cudaFreeHost(pack_host_));
       pack_host_ = nullptr;
+      pack_host_elements_ = 0;
     }
-    pack_device_ = DeviceBuffer();
-    CUDA_RETURN_IF_ERROR(cudaMallocHost(reinterpret_cast<void**>(&pack_host_), bytes));
-    absl::StatusOr<DeviceBuffer> device = Alloc(bytes);
-    if (!device.ok()) return device.status();
-    pack_device_ = std::move(*device);
+    CUDA_RETURN_IF_ERROR(
+        cudaMallocHost(reinterpret_cast<void**>(&pack_host_), sizeof(uint16_t) * elements));
+    pack_host_elements_ = elements;
     return absl::OkStatus();
   }
 
@@ -602,9 +615,10 @@ class CudaBackend final : public Backend {
   DeviceBuffer y_scratch_;            // Linear's output when y's rows are not 16-byte aligned
   DeviceBuffer attention_workspace_;  // split-KV slot states, the tile list
   bool attention_tiles_ = false;      // bf16 caches on the tiles (Init)
-  DeviceBuffer pack_device_;          // PackWeight's f32 rows on the device
-  float* pack_host_ = nullptr;        // ... and on the host (pinned)
-  size_t sample_bitmap_limit_ = 0;    // the sampling kernels' shared memory (Init)
+  uint16_t* pack_host_ = nullptr;     // PackWeight's bf16 rows (pinned), in two halves
+  size_t pack_host_elements_ = 0;
+  cudaEvent_t pack_uploaded_[2] = {nullptr, nullptr};  // each half's last upload
+  size_t sample_bitmap_limit_ = 0;                     // the sampling kernels' shared memory (Init)
   // Sample's: the upload (pinned on the host, and on the device), keys, sort storage, tokens.
   uint8_t* sample_host_ = nullptr;
   size_t sample_host_bytes_ = 0;

@@ -3,10 +3,11 @@
 // device memory from Alloc.
 //
 // What differs from the CPU backend (kernels/cpu), by design (DESIGN.md, "Backend v2"):
-//   - PackWeight converts every stored type to bf16 on the device: each part's rows are
-//     dequantized on the host by DequantizeRow (kernels/dtype.h) in chunks of at most
-//     kPackChunkBytes of f32, uploaded, and rounded to bf16 (nearest even) by a kernel. So a
-//     weight holds bf16(DequantizeRow(x)), not the stored value; UnpackWeight returns that.
+//   - PackWeight stores every type as bf16: each part's rows are dequantized and rounded to
+//     bf16 (nearest even) on the host's cores (DequantizeRowsToBf16, kernels/dtype.h) in chunks
+//     of kPackChunkBytes, one chunk converted while the one before it uploads; bf16 parts are
+//     copied as they are. So a weight holds bf16(DequantizeRow(x)), not the stored value;
+//     UnpackWeight returns that.
 //   - LinearRows: x rounded to bf16 by a kernel, then cuBLASLt bf16 x bf16 -> f32 with f32
 //     accumulation (kernels/cuda/linear.h, including what holds for batch invariance), bias
 //     added in f32 after the product.
@@ -33,8 +34,8 @@
 
 namespace ridgeserve {
 
-// PackWeight's host staging: f32 rows dequantized per upload (8 MiB: the host never holds
-// more of a weight than this, whatever the tensor's size).
+// PackWeight's host staging: bf16 rows converted per upload (8 MiB, in two pinned chunks: the
+// host never holds more of a converted weight than 16 MiB, whatever the tensor's size).
 inline constexpr size_t kPackChunkBytes = size_t{8} << 20;
 
 // CUDA devices the runtime sees (0 without a driver or a device).

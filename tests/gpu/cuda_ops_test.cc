@@ -292,6 +292,30 @@ TEST_F(CudaOpsTest, PackWeightIsBf16OfDequantizedRows) {
   EXPECT_NE(refused.message().find("60 columns"), std::string::npos) << refused;
 }
 
+// A weight of several staging chunks lands whole and in order: Q8_0 [2500, 4096] and
+// [500, 4096] parts (1024 bf16 rows a chunk: chunks of 1024, 1024, 452 and 500 rows, through
+// both halves of the staging and back, each half refilled only after its upload).
+TEST_F(CudaOpsTest, PackWeightOfSeveralChunksIsBf16OfDequantizedRows) {
+  const int64_t cols = 4096;
+  const size_t row_bytes = (cols / 32) * 34;
+  std::vector<uint8_t> q8(3000 * row_bytes);
+  std::mt19937 rng(29);
+  for (uint8_t& b : q8) b = static_cast<uint8_t>(rng());
+  for (size_t b = 0; b < q8.size(); b += 34) {
+    const uint16_t d = FloatToHalf(0.001f * float(1 + (b / 34) % 50));
+    std::memcpy(&q8[b], &d, 2);
+  }
+  const HostTensor parts[2] = {{q8.data(), DType::kQ8_0, 2500, cols, row_bytes},
+                               {q8.data() + 2500 * row_bytes, DType::kQ8_0, 500, cols, row_bytes}};
+  absl::StatusOr<Weight> wc = cpu_->PackWeight(parts), wg = cuda_->PackWeight(parts);
+  ASSERT_TRUE(wc.ok() && wg.ok());
+  ASSERT_EQ(wg->rows(), 3000);
+  std::vector<float> c(3000 * cols), g(3000 * cols);
+  ASSERT_TRUE(cpu_->UnpackWeight(*wc, 0, 3000, c.data()).ok());
+  ASSERT_TRUE(cuda_->UnpackWeight(*wg, 0, 3000, g.data()).ok());
+  EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(RoundedToBf16(c), g));
+}
+
 TEST_F(CudaOpsTest, AllocFailureIsResourceExhaustedNamingBytes) {
   const size_t huge = size_t{1} << 50;
   absl::StatusOr<DeviceBuffer> b = cuda_->Alloc(huge);

@@ -172,6 +172,42 @@ void LinearArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Linear)->Apply(LinearArgs)->UseRealTime();
 
+// The CUDA backend's host work to store a quantized weight as bf16, per 8 MiB staging chunk
+// (kPackChunkBytes) of Llama-3.1-8B rows: [1024, 4096] of `type` (F16 1, Q8_0 8, Q4_K 12) by
+// DequantizeRowsToBf16 on `threads` threads; threads 0 is what it did before: f32 rows by
+// DequantizeRow on one thread (and twice the bytes to upload). values_per_s x 2 bytes is the
+// rate the chunks could feed the upload.
+void BM_WeightToBf16(benchmark::State& state) {
+  const DType type = static_cast<DType>(state.range(0));
+  const int threads = static_cast<int>(state.range(1));
+  const int64_t rows = 1024, cols = 4096;
+  const size_t row_bytes = *StorageBytes(type, cols);
+  std::vector<uint8_t> bytes(row_bytes * rows);
+  std::mt19937 rng(5);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng() & 0x3B);  // finite f16 fields
+  std::vector<uint16_t> bf16(size_t(rows) * cols);
+  std::vector<float> f32(size_t(rows) * cols);
+  for (auto _ : state) {
+    if (threads == 0) {
+      for (int64_t r = 0; r < rows; ++r) {
+        benchmark::DoNotOptimize(
+            DequantizeRow(type, bytes.data() + r * row_bytes, cols, f32.data() + r * cols));
+      }
+    } else {
+      benchmark::DoNotOptimize(
+          DequantizeRowsToBf16(type, bytes.data(), row_bytes, rows, cols, bf16.data(), threads));
+    }
+    benchmark::ClobberMemory();
+  }
+  state.counters["values_per_s"] =
+      benchmark::Counter(double(rows) * cols, benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_WeightToBf16)
+    ->ArgNames({"type", "threads"})
+    ->ArgsProduct({{1, 8, 12}, {0, 1, kThreads}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // `rows` decode rows (1: one stream, 16: a batch of 16) through 120 distinct [3072, 576]
 // weights of `type` (133 MB of Q4_1, more than the model's 112 MB and than the L3 seen here),
 // one after another, so the weights come from memory as in a decode step, with f32 or int8

@@ -415,6 +415,67 @@ TEST(CpuOpsTest, StoreKvWritesSlotsOnly) {
   }
 }
 
+// DequantizeRowsToBf16 (how the CUDA backend stores weights) gives, at any thread count, each
+// row's DequantizeRow values rounded by the test's reference bf16 rounding, for tensors of
+// K-quant, 32-block and f16 rows stored with padding between rows; it refuses rows closer than
+// their storage and a width of partial blocks, naming them.
+TEST(DTypeTest, DequantizeRowsToBf16IsEachRowRoundedAtAnyThreadCount) {
+  std::mt19937 rng(23);
+  for (const auto& [type, cols] :
+       {std::pair{DType::kQ4_K, int64_t{512}}, std::pair{DType::kQ8_0, int64_t{96}},
+        std::pair{DType::kF16, int64_t{40}}}) {
+    SCOPED_TRACE(static_cast<int>(type));
+    const int64_t rows = 37;
+    const size_t stored = *StorageBytes(type, cols);
+    const size_t row_bytes = stored + 24;
+    std::vector<uint8_t> bytes(rows * row_bytes);
+    for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+    // Finite values: the f16 fields (scales, or the weights themselves) from finite floats.
+    const auto put_half = [&](size_t at, float v) {
+      const uint16_t h = FloatToHalf(v);
+      std::memcpy(&bytes[at], &h, sizeof(h));
+    };
+    std::uniform_real_distribution<float> value(-0.5f, 0.5f);
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t row = r * row_bytes;
+      if (type == DType::kF16) {
+        for (int64_t c = 0; c < cols; ++c) put_half(row + 2 * c, value(rng));
+      } else {
+        const size_t block = type == DType::kQ4_K ? 144 : 34;  // d (f16) first
+        for (size_t b = 0; b < stored; b += block) {
+          put_half(row + b, 0.01f * value(rng));
+          if (type == DType::kQ4_K) put_half(row + b + 2, 0.003f * value(rng));  // dmin
+        }
+      }
+    }
+    std::vector<float> want(rows * cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      ASSERT_TRUE(DequantizeRow(type, &bytes[r * row_bytes], cols, &want[r * cols]).ok());
+    }
+    for (float& w : want) w = ::ridgeserve::testing::RoundToBFloat16Reference(w);
+    for (int threads : {1, 2, 3}) {
+      std::vector<uint16_t> got(rows * cols, 0xFFFF);
+      ASSERT_TRUE(
+          DequantizeRowsToBf16(type, bytes.data(), row_bytes, rows, cols, got.data(), threads)
+              .ok());
+      std::vector<float> widened(got.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        const uint32_t b = uint32_t{got[i]} << 16;
+        std::memcpy(&widened[i], &b, sizeof(b));
+      }
+      EXPECT_TRUE(::ridgeserve::testing::BitwiseEqual(want, widened)) << threads << " threads";
+    }
+  }
+  uint16_t out[64];
+  const uint8_t row[144] = {};
+  const absl::Status close = DequantizeRowsToBf16(DType::kQ8_0, row, 33, 2, 32, out, 1);
+  EXPECT_EQ(close.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(close.message()), ::testing::HasSubstr("33 bytes apart hold 34"));
+  const absl::Status partial = DequantizeRowsToBf16(DType::kQ4_K, row, 144, 1, 200, out, 1);
+  EXPECT_EQ(partial.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(partial.message()), ::testing::HasSubstr("200"));
+}
+
 // FloatToHalf / FloatToBFloat16 (the KV cache's rounding) against the test's reference
 // rounding on every f32 exponent, the rounding boundaries, ties, subnormals, overflow and NaN.
 TEST(DTypeTest, FloatToHalfAndBFloat16RoundToNearestEven) {
