@@ -33,8 +33,6 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-// Prefix-cache namespace of SpecPC's compressed prompts: their blocks are never shared with
-// exact requests (renumbered or original positions alike).
 // What the requests of a failed step get: INTERNAL, but UNAVAILABLE where no step can run any
 // more (a broken engine): a client may retry elsewhere.
 absl::Status FailedStepStatus(const absl::Status& status) {
@@ -42,6 +40,8 @@ absl::Status FailedStepStatus(const absl::Status& status) {
                                                          : absl::InternalError(status.message());
 }
 
+// Prefix-cache namespace of SpecPC's compressed prompts: their blocks are never shared with
+// exact requests (renumbered or original positions alike).
 uint64_t SpecPcCacheSalt(bool original_positions) {
   return 0x5350'4350'0000'0000ull | (original_positions ? 2 : 1);
 }
@@ -213,7 +213,7 @@ struct Engine::Impl {
   EngineStats published;
   std::optional<Clock::time_point> step_started;  // of the step now running
   absl::Status broken;                            // OK while steps can run
-  std::condition_variable watchdog_cv;            // wakes the watchdog to stop
+  std::condition_variable watchdog_cv;            // wakes the watchdog once `exited`
 
   // Engine thread only.
   std::unordered_map<uint64_t, Live> live;
@@ -643,7 +643,8 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     sampled[i] = l.kv_first_token;
     logprobs[i] = l.kv_first_logprob;
   }
-  if (!status.ok()) {
+  // Every request of the step ends with the step's failure (its blocks freed).
+  const auto fail_step = [&](const absl::Status& status) {
     spdlog::error("forward failed: {}", status.ToString());
     const absl::Status failed = FailedStepStatus(status);
     for (const ScheduledChunk& chunk : plan.chunks) {
@@ -651,12 +652,20 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
       scheduler->Abort(id);
       FinishWith(id, FinishReason::kNone, failed);
     }
+  };
+  if (!status.ok()) {
+    fail_step(status);
     return;
   }
   scheduler->Update(plan, sampled);
   for (const ScheduledChunk& chunk : plan.chunks) {
     Live& l = live.at(chunk.request->id);
     if (chunk.sample && l.kv_prefilling()) CompactKv(*chunk.request, l);
+  }
+  // SpecKV's compaction runs on the backend too: a stall there fails the step as well.
+  if (absl::Status b = Broken(); !b.ok()) {
+    fail_step(b);
+    return;
   }
   const Clock::time_point now = Clock::now();
   const std::vector<int32_t>& eog = model.tokenizer->end_of_generation_ids();
@@ -879,9 +888,14 @@ void Engine::Impl::Watch() {
   const auto timeout = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options.step_timeout_seconds));
   std::unique_lock<std::mutex> lock(mu);
-  while (!stopping && broken.ok()) {
+  // Until the engine thread's last step is over, stopping or not: a step that hangs at shutdown
+  // is aborted too.
+  while (!exited && broken.ok()) {
     if (!step_started) {
-      watchdog_cv.wait_for(lock, timeout);  // a step that starts meanwhile has time left
+      // A step that starts meanwhile is looked at on waking (at least 0.1 s on: a short timeout
+      // does not wake an idle engine's watchdog a thousand times a second).
+      watchdog_cv.wait_for(lock,
+                           std::max<Clock::duration>(timeout, std::chrono::milliseconds(100)));
       continue;
     }
     if (const Clock::time_point deadline = *step_started + timeout; Clock::now() < deadline) {
@@ -929,13 +943,14 @@ void Engine::Impl::RunTasks() {
 
 void Engine::Impl::Run() {
   while (TakeInput()) {
+    // The watchdog times the tasks (a map upload) with the step.
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      step_started = Clock::now();
+    }
     RunTasks();
-    if (HasWork()) {
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        step_started = Clock::now();
-      }
-      Step();
+    if (HasWork()) Step();
+    {
       std::lock_guard<std::mutex> lock(mu);
       step_started.reset();
     }
@@ -956,6 +971,7 @@ void Engine::Impl::Run() {
     std::lock_guard<std::mutex> lock(mu);
     exited = true;
   }
+  watchdog_cv.notify_all();
   RunTasks();
 }
 
@@ -967,6 +983,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
   }
   if (options.scheduler.max_batch_tokens < 1) {
     return absl::InvalidArgumentError("max_batch_tokens must be positive");
+  }
+  if (const double t = options.step_timeout_seconds;
+      !(t == 0 || (t >= kMinStepTimeoutSeconds && t <= kMaxStepTimeoutSeconds))) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("step_timeout_seconds must be 0 (no limit) or in [%g, %g], got %g",
+                        kMinStepTimeoutSeconds, kMaxStepTimeoutSeconds, t));
   }
   if (options.scheduler.max_background_step_tokens < 1) {
     return absl::InvalidArgumentError("max_background_step_tokens must be positive");
@@ -1041,14 +1063,38 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
   // Every decode bucket recorded now, after the last reservation (growing a scratch later would
   // make the recordings stale), so that no request's step waits for one. A decode step has at
   // most max_seqs rows and the budget's; padded to its bucket it stays within both, and so
-  // within the reservation. (At TP > 1 the model runs every step eagerly itself:
-  // LlamaModel::SetDecodeGraphBuckets.)
+  // within the reservation. At TP > 1 every rank records at once, on a thread of its own (the
+  // recordings hold the ranks' collectives); a rank that fails aborts the group's collectives,
+  // so that no other rank waits for it.
   if (options.decode_graphs && model.llama->backend().SupportsGraphs()) {
-    model.llama->SetDecodeGraphBuckets(
-        LlamaModel::DecodeGraphBuckets(std::min(max_seqs, max_rows)));
-    if (absl::Status s = model.llama->RecordDecodeGraphs(*caches.front()); !s.ok()) {
-      model.llama->SetDecodeGraphBuckets({});  // what it recorded writes to caches, freed now
-      return s;
+    const std::vector<LlamaModel*> ranks = model.rank_models();
+    const std::vector<int32_t> buckets =
+        LlamaModel::DecodeGraphBuckets(std::min(max_seqs, max_rows));
+    std::vector<absl::Status> recorded(ranks.size());
+    const auto record = [&](size_t r) {
+      ranks[r]->SetDecodeGraphBuckets(buckets);
+      recorded[r] = ranks[r]->RecordDecodeGraphs(*caches[r]);
+      if (!recorded[r].ok() && ranks[r]->communicator() != nullptr) {
+        ranks[r]->communicator()->Abort(
+            absl::StrCat("rank ", r, " could not record decode graphs: ", recorded[r].message()));
+      }
+    };
+    std::vector<std::thread> threads;
+    for (size_t r = 1; r < ranks.size(); ++r) threads.emplace_back(record, r);
+    record(0);
+    for (std::thread& t : threads) t.join();
+    // The first rank that failed on its own (the others fail with the abort it caused).
+    const auto failed = std::find_if(recorded.begin(), recorded.end(), [](const absl::Status& s) {
+      return !s.ok() && !absl::IsAborted(s);
+    });
+    const auto any = std::find_if(recorded.begin(), recorded.end(),
+                                  [](const absl::Status& s) { return !s.ok(); });
+    if (any != recorded.end()) {
+      for (LlamaModel* rank : ranks) rank->SetDecodeGraphBuckets({});  // they write to `caches`
+      // The group usable again where it can be (not NCCL: the caller stops).
+      if (Communicator* comm = model.llama->communicator(); comm != nullptr)
+        comm->Reset().IgnoreError();
+      return failed != recorded.end() ? *failed : *any;
     }
   }
   auto impl = std::make_unique<Impl>(model, options, std::move(caches), std::move(draft_cache));
@@ -1066,11 +1112,10 @@ Engine::~Engine() {
     impl_->stopping = true;
   }
   impl_->cv.notify_all();
-  impl_->watchdog_cv.notify_all();
   impl_->thread.join();
   if (impl_->watchdog.joinable()) impl_->watchdog.join();
-  // The model outlives this engine; its recordings would write to this engine's cache.
-  impl_->model.llama->SetDecodeGraphBuckets({});
+  // The model outlives this engine; its recordings would write to this engine's caches.
+  for (LlamaModel* rank : impl_->model.rank_models()) rank->SetDecodeGraphBuckets({});
 }
 
 absl::StatusOr<uint64_t> Engine::Submit(EngineRequest request) {

@@ -24,17 +24,22 @@
 
 namespace ridgeserve {
 
+inline constexpr double kMinStepTimeoutSeconds = 1e-3;
+inline constexpr double kMaxStepTimeoutSeconds = 1e6;
+
 struct EngineOptions {
   SchedulerConfig scheduler;
   int32_t kv_cache_tokens = 65536;  // KV cache capacity (rounded up to whole blocks)
-  // Decode steps replay recorded graphs on a backend that has them, at TP = 1
+  // Decode steps replay recorded graphs on a backend that has them, at any tensor-parallel size
   // (LlamaModel::SetDecodeGraphBuckets; --enforce_eager turns this off).
   bool decode_graphs = true;
-  // A step (scheduling, the forward passes, sampling, handing out tokens) that runs longer than
-  // this many seconds stalls the engine (<= 0: no limit): a watchdog thread aborts a
+  // A step (scheduling, the forward passes, sampling, handing out tokens, and RunOnEngineThread's
+  // tasks before it, such as a RidgeFill map upload) that runs longer than this many seconds
+  // stalls the engine (0: no limit): a watchdog thread aborts a
   // tensor-parallel group's collectives, so that ranks waiting for a hung peer return, and
   // reports the engine broken (on_broken). The stalled step's requests fail UNAVAILABLE when it
-  // returns, if it ever does.
+  // returns, if it ever does. 0, or in [kMinStepTimeoutSeconds, kMaxStepTimeoutSeconds]
+  // (Create refuses others).
   double step_timeout_seconds = 0;
   // Called once, on the engine thread or the watchdog's, when the engine can run no more steps:
   // a tensor-parallel group that could not be reset after a failed step (NCCL), or a step past

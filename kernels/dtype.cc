@@ -483,7 +483,7 @@ absl::Status DequantizeRowsToBf16(DType type, const uint8_t* src, size_t row_byt
   std::vector<float> first(static_cast<size_t>(cols));
   if (absl::Status s = DequantizeRow(type, src, cols, first.data()); !s.ok()) return s;
   for (int64_t c = 0; c < cols; ++c) dst[c] = FloatToBFloat16(first[c]);
-#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_num_procs())
+#pragma omp parallel num_threads(threads > 0 ? threads : omp_get_max_threads())
   {
     std::vector<float> row(static_cast<size_t>(cols));
 #pragma omp for schedule(static)

@@ -85,8 +85,8 @@ void IntegerBlocks32(DType type, const uint8_t* src, int64_t cols, float* d, flo
 absl::Status DequantizeRow(DType type, const uint8_t* src, int64_t num_elements, float* dst);
 // dst[r * cols + c] = FloatToBFloat16(DequantizeRow(row r)[c]) for the `rows` rows of `cols`
 // weights stored row_bytes apart from `src`, the rows shared among `threads` threads (<= 0:
-// one per processor). The errors of DequantizeRow, and InvalidArgument for rows closer than
-// their storage.
+// OpenMP's default, OMP_NUM_THREADS or one per processor). The errors of DequantizeRow, and
+// InvalidArgument for rows closer than their storage.
 absl::Status DequantizeRowsToBf16(DType type, const uint8_t* src, size_t row_bytes, int64_t rows,
                                   int64_t cols, uint16_t* dst, int threads);
 

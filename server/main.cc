@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -244,8 +245,11 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(
         "--ridgefill_online_resolve_rows and --ridgefill_online_row_stride must be >= 1");
   }
-  if (!(absl::GetFlag(FLAGS_step_timeout_s) >= 0)) {
-    return absl::InvalidArgumentError("--step_timeout_s must be >= 0");
+  if (const double t = absl::GetFlag(FLAGS_step_timeout_s);
+      !(t == 0 || (t >= kMinStepTimeoutSeconds && t <= kMaxStepTimeoutSeconds))) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--step_timeout_s must be 0 (no limit) or in [%g, %g], got %g",
+                        kMinStepTimeoutSeconds, kMaxStepTimeoutSeconds, t));
   }
   if (!(absl::GetFlag(FLAGS_shutdown_timeout_s) >= 0)) {
     return absl::InvalidArgumentError("--shutdown_timeout_s must be >= 0");

@@ -376,7 +376,7 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
   if (profile != nullptr) *profile = ForwardProfile{};
   const int32_t num_layers = input.num_layers == 0 ? config_.num_layers : input.num_layers;
   RS_RETURN_IF_ERROR(CheckFits(input, num_layers, capture, cache));
-  if (RunsOnGraph(input, num_layers, capture, profile)) {
+  if (RunsOnGraph(input, num_layers, capture)) {
     return RunDecodeGraph(
         input, cache,
         *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), input.num_rows()));
@@ -422,11 +422,7 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
         .count();
   };
 
-  backend_.Embed(weights_.token_embd, shard_.vocab_begin, meta_.tokens, n, x_.as<float>());
-  if (comm_ != nullptr) {
-    RS_RETURN_IF_ERROR(
-        comm_->AllReduceSum(x_.as<float>(), static_cast<size_t>(n) * config_.hidden));
-  }
+  RS_RETURN_IF_ERROR(EmbedRows(n));
   for (int32_t l = 0; l < num_layers; ++l) {
     if (timed && l == 0) full_seconds -= Now();
     capture_at(l);
@@ -483,11 +479,10 @@ std::vector<int32_t> LlamaModel::DecodeGraphBuckets(int32_t max_rows) {
 }
 
 bool LlamaModel::RunsOnGraph(const ForwardBatch& batch, int32_t num_layers,
-                             const ForwardCapture* capture, const ForwardProfile* profile) const {
+                             const ForwardCapture* capture) const {
   const int32_t n = batch.num_rows();
-  if (graph_buckets_.empty() || n == 0 || n > graph_buckets_.back() || comm_ != nullptr ||
-      capture != nullptr || profile != nullptr || num_layers != config_.num_layers ||
-      !batch.fill_split.empty() ||
+  if (graph_buckets_.empty() || n == 0 || n > graph_buckets_.back() || capture != nullptr ||
+      num_layers != config_.num_layers || !batch.fill_split.empty() ||
       static_cast<int32_t>(batch.block_table_offsets.size()) != n + 1 ||
       static_cast<int32_t>(batch.logit_rows.size()) != n) {
     return false;
@@ -499,15 +494,17 @@ bool LlamaModel::RunsOnGraph(const ForwardBatch& batch, int32_t num_layers,
 }
 
 absl::Status LlamaModel::RecordDecodeGraphs(PagedKvCache& cache) {
-  if (comm_ != nullptr) return absl::OkStatus();  // TP > 1 runs every step eagerly (RunsOnGraph)
-  ForwardBatch none;                              // every row of the bucket a padding row
+  ForwardBatch none;  // every row of the bucket a padding row
   none.block_table_offsets = {0};
   const std::vector<int32_t> buckets = graph_buckets_;  // a failed recording clears them
+  recording_ = true;
+  absl::Status status;
   for (const int32_t bucket : buckets) {
-    if (graph_buckets_.empty()) break;
-    RS_RETURN_IF_ERROR(RunDecodeGraph(none, cache, bucket));
+    if (graph_buckets_.empty() || !status.ok()) break;
+    status = RunDecodeGraph(none, cache, bucket);
   }
-  return absl::OkStatus();
+  recording_ = false;
+  return status;
 }
 
 absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache,
@@ -536,7 +533,13 @@ absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache&
     graph_cache_key_.push_back(kv.k);
     graph_cache_key_.push_back(kv.v);
   }
-  if (graph_cache_key_ != recorded_cache_key_) {
+  // At TP > 1 a rank records only with the others, in RecordDecodeGraphs, and does not replace
+  // recordings while serving: a step whose recording is not current runs eagerly instead, on
+  // every rank alike, as what makes a recording stale (other cache memory, a grown scratch)
+  // depends on the batch and the caches, not on the rank.
+  const bool serving_at_tp = comm_ != nullptr && backend_.SupportsGraphs() && !recording_;
+  const bool same_cache = graph_cache_key_ == recorded_cache_key_;
+  if (!same_cache && !serving_at_tp) {
     graphs_.clear();
     recorded_cache_key_ = graph_cache_key_;
   }
@@ -544,21 +547,40 @@ absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache&
   // A recording replays only with the metadata where it was recorded (a check: the layout
   // above keeps it there).
   auto recorded = graphs_.find(bucket);
-  if (recorded != graphs_.end() && recorded->second.meta == meta_ &&
-      recorded->second.graph->Replay()) {
+  const bool current = graph_cache_key_ == recorded_cache_key_ && recorded != graphs_.end() &&
+                       recorded->second.meta == meta_;
+  bool replayed = false;
+  if (current && comm_ == nullptr) {
+    replayed = recorded->second.graph->Replay();
+  } else if (current) {
+    // The replay launches this rank's collectives: not on a group an abort has torn down. Every
+    // rank replays, or the step fails (NCCL: a launch uses one capture's graphs on every rank).
+    RS_RETURN_IF_ERROR(comm_->Launch([&] {
+      replayed = recorded->second.graph->Replay();
+      return absl::OkStatus();
+    }));
+    if (!replayed) {
+      return absl::InternalError(absl::StrCat("replaying the decode graph for ", bucket,
+                                              " rows failed on tensor-parallel rank ",
+                                              shard_.rank));
+    }
+  }
+  if (replayed) {
     ++decode_graph_replays_;
   } else {
     RS_RETURN_IF_ERROR(RunDecodeRows(padded, cache));
-    if (backend_.SupportsGraphs()) {
+    if (backend_.SupportsGraphs() && !serving_at_tp) {
       absl::StatusOr<std::unique_ptr<BackendGraph>> graph =
           backend_.Record([&] { return RunDecodeRows(padded, cache); });
       if (graph.ok()) {
         graphs_[bucket] = {*std::move(graph), meta_};
       } else {
-        // This step ran unrecorded and is done; later steps run unrecorded too.
+        // This step ran unrecorded and is done; later steps run unrecorded too (at TP > 1 on
+        // every rank: the start fails).
         spdlog::error("decode graphs off: recording {} rows failed: {}", bucket,
                       graph.status().ToString());
         graph_buckets_.clear();
+        if (comm_ != nullptr) return graph.status();
       }
     }
   }
@@ -566,9 +588,15 @@ absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache&
   return absl::OkStatus();
 }
 
+absl::Status LlamaModel::EmbedRows(int32_t n) {
+  backend_.Embed(weights_.token_embd, shard_.vocab_begin, meta_.tokens, n, x_.as<float>());
+  if (comm_ == nullptr) return absl::OkStatus();
+  return comm_->AllReduceSum(x_.as<float>(), static_cast<size_t>(n) * config_.hidden);
+}
+
 absl::Status LlamaModel::RunDecodeRows(const ForwardBatch& batch, PagedKvCache& cache) {
   const int32_t n = batch.num_rows();
-  backend_.Embed(weights_.token_embd, shard_.vocab_begin, meta_.tokens, n, x_.as<float>());
+  RS_RETURN_IF_ERROR(EmbedRows(n));
   for (int32_t l = 0; l < config_.num_layers; ++l) {
     RS_RETURN_IF_ERROR(RunFullLayer(l, n, cache.layer(l), nullptr, {}));
   }

@@ -174,21 +174,29 @@ class LlamaModel {
   static int64_t StepMetaInts(int32_t rows, int32_t seqs, int64_t block_table_ints);
 
   // Decode steps on graphs (Backend::Record; DESIGN.md "Backend v2"). A step whose rows are each
-  // one new token of a sequence, all with logits wanted in row order, at TP = 1, every layer,
-  // without fills or a capture, runs padded to the smallest bucket >= its rows: padding rows
-  // (token 0 at position 0, each a sequence of its own on block 0) store no K/V and their logits
-  // are not returned. The first step of a bucket runs unrecorded (every scratch then exists) and is
+  // one new token of a sequence, all with logits wanted in row order, every layer, without fills
+  // or a capture, runs padded to the smallest bucket >= its rows: padding rows (token 0 at
+  // position 0, each a sequence of its own on block 0) store no K/V and their logits are not
+  // returned. The first step of a bucket runs unrecorded (every scratch then exists) and is
   // recorded; later ones upload their metadata and replay it. A recording goes stale when a
   // larger step grows the model's or the backend's scratch, or a step runs on other cache
   // memory, and is made again. On a backend without graphs the padded steps run unrecorded (the
   // tests' way to check them on a CPU). Empty `buckets` (the default): every step runs as it comes.
+  //
+  // At TP > 1 every rank takes the same path for a step (the choice depends only on the batch),
+  // and a recording holds the rank's collectives, so all ranks must record together and replay
+  // recordings made together (NCCL requires it): recordings are made only by RecordDecodeGraphs,
+  // run on every rank at once. A step whose bucket has no current recording (other cache memory,
+  // a grown scratch: the same on every rank) runs padded but eagerly, and a replay that fails
+  // fails the step (Internal), rather than one rank running differently from the others.
   void SetDecodeGraphBuckets(std::vector<int32_t> buckets);
   // The buckets for up to `max_rows` decode rows: 1, 2, 4, then every 8 to 64, every 16 to 256,
   // every 32 beyond, and max_rows itself last.
   static std::vector<int32_t> DecodeGraphBuckets(int32_t max_rows);
   // Runs and records every bucket's step now, on `cache`, with padding rows alone (they store
   // nothing), so that no request's step waits for a recording (the engine does at the start,
-  // after every reservation). A recording that fails turns the graphs off, as in a step.
+  // after every reservation; at TP > 1 on every rank at once, each on its own thread). A
+  // recording that fails turns the graphs off, as in a step, and at TP > 1 is returned.
   absl::Status RecordDecodeGraphs(PagedKvCache& cache);
   // Decode steps run by replaying a recording, so far.
   int64_t decode_graph_replays() const { return decode_graph_replays_; }
@@ -288,14 +296,18 @@ class LlamaModel {
   // back to exact join the exact prefix (rows permuted on the backend and in the plan, group
   // bounds and num_exact updated); their input rows are added to profile->promoted_rows.
   absl::Status PromoteRows(size_t gi, RowPlan& plan, ForwardProfile* profile);
-  // Whether Run takes the graph path for `batch` (SetDecodeGraphBuckets).
-  bool RunsOnGraph(const ForwardBatch& batch, int32_t num_layers, const ForwardCapture* capture,
-                   const ForwardProfile* profile) const;
+  // Whether Run takes the graph path for `batch` (SetDecodeGraphBuckets). (A profile has nothing
+  // to hold without fills, so it does not decide: at TP > 1 only rank 0 is given one.)
+  bool RunsOnGraph(const ForwardBatch& batch, int32_t num_layers,
+                   const ForwardCapture* capture) const;
   // The graph path: `batch` padded to `bucket` (>= its rows), replayed or run and recorded.
   absl::Status RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache, int32_t bucket);
   // Embedding, every layer in full and the LM head for the uploaded metadata of `batch` (no
   // fills, no capture): what a decode graph records.
   absl::Status RunDecodeRows(const ForwardBatch& batch, PagedKvCache& cache);
+  // The uploaded tokens' embeddings of the n rows into x_ (at TP > 1 each rank's vocabulary
+  // share, summed over the ranks).
+  absl::Status EmbedRows(int32_t n);
   // The LM head for the batch's logit rows into logits_ (and at TP > 1 gathered into
   // head_logits_ on rank 0).
   absl::Status RunLmHead(const ForwardBatch& batch);
@@ -371,6 +383,7 @@ class LlamaModel {
   std::vector<const void*> recorded_cache_key_, graph_cache_key_;
   ForwardBatch graph_batch_;  // the padded batch, reused
   int64_t decode_graph_replays_ = 0;
+  bool recording_ = false;  // within RecordDecodeGraphs
 };
 
 }  // namespace ridgeserve

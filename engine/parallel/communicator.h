@@ -14,6 +14,7 @@
 #define RIDGESERVE_ENGINE_PARALLEL_COMMUNICATOR_H_
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -42,6 +43,10 @@ class Communicator {
   virtual absl::Status Broadcast(void* data, size_t bytes, int root) = 0;
   // Returns when every rank has called it.
   virtual absl::Status Barrier() = 0;
+  // Runs `launch`, work that enqueues this rank's collectives without calling them (a recorded
+  // graph's replay), unless the group is aborted (then Aborted): an abort cannot tear the group
+  // down between the check and the launch. Its status is launch's.
+  virtual absl::Status Launch(const std::function<absl::Status()>& launch) { return launch(); }
   // Fails every pending and later collective of the group with Aborted naming `reason`.
   virtual void Abort(std::string_view reason) = 0;
   // After an abort, once no rank is inside a collective, makes the whole group usable again

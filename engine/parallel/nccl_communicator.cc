@@ -135,6 +135,10 @@ class NcclCommunicator final : public Communicator {
     return absl::OkStatus();
   }
 
+  absl::Status Launch(const std::function<absl::Status()>& launch) override {
+    return Guarded(launch);
+  }
+
   void Abort(std::string_view reason) override { state_->Abort(reason); }
 
  private:
@@ -146,12 +150,21 @@ class NcclCommunicator final : public Communicator {
   // Runs `call(comm)` on this rank's communicator unless the group is aborted.
   template <typename Call>
   absl::Status Enqueue(Call call) {
+    return Guarded([&]() -> absl::Status {
+      NCCL_RETURN_IF_ERROR(call(state_->comms[rank_]));
+      return absl::OkStatus();
+    });
+  }
+
+  // Runs fn() on this rank's device unless the group is aborted, holding the group's lock so
+  // that no Abort tears the communicators down meanwhile.
+  template <typename Fn>
+  absl::Status Guarded(const Fn& fn) {
     {
       std::shared_lock lock(state_->mutex);
       if (!state_->aborted.load()) {
         CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-        NCCL_RETURN_IF_ERROR(call(state_->comms[rank_]));
-        return absl::OkStatus();
+        return fn();
       }
     }
     return state_->AbortedStatus();

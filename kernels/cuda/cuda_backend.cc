@@ -191,6 +191,7 @@ class CudaBackend final : public Backend {
 
   absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) override {
     if (parts.empty()) return absl::InvalidArgumentError("PackWeight: no parts");
+    SetDevice();  // the staging's events are made on the current device
     const int64_t cols = parts[0].cols;
     // Checked here, at the load, rather than at a request's first Linear (CublasLinear::Run).
     if (cols <= 0 || cols % 8 != 0) {

@@ -9,131 +9,28 @@
 #include <cmath>
 #include <functional>
 #include <future>
+#include <limits>
 #include <map>
 #include <random>
 #include <span>
 #include <thread>
 
 #include "engine/kv/paged_kv_cache.h"
+#include "engine/parallel/rank_group.h"
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
+#include "tests/engine/counting_graph_backend.h"
 #include "tests/engine/default_model_fixture.h"
 
 namespace ridgeserve {
 namespace {
 
+using ::ridgeserve::testing::CountingGraphBackend;
+
 struct Outcome {
   std::vector<int32_t> tokens;
   FinishReason reason = FinishReason::kNone;
   absl::Status status;
-};
-
-// A backend that forwards to another and counts Alloc calls. Its "graphs" replay by running
-// the recorded ops again, reading the buffers as they are then, as a CUDA graph replays its
-// launches: so the engine takes its decode-graph path (padded buckets, replays) on the CPU.
-// before_sample, when set, runs at the start of every Sample call (a test holds a step there).
-class CountingGraphBackend final : public Backend {
- public:
-  explicit CountingGraphBackend(Backend& inner) : inner_(inner) {}
-
-  std::string_view name() const override { return inner_.name(); }
-  DType DefaultKvCacheDType() const override { return inner_.DefaultKvCacheDType(); }
-  absl::StatusOr<DeviceBuffer> Alloc(size_t bytes) override {
-    ++allocs;
-    return inner_.Alloc(bytes);  // the inner backend's buffer, freed by it
-  }
-  void FreeRaw(void* data) override { inner_.FreeRaw(data); }
-  void CopyToDevice(void* dst, const void* src, size_t bytes) override {
-    inner_.CopyToDevice(dst, src, bytes);
-  }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override {
-    inner_.CopyToHost(dst, src, bytes);
-  }
-  void Synchronize() override { inner_.Synchronize(); }
-  absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) override {
-    return inner_.PackWeight(parts);
-  }
-  absl::Status UnpackWeight(const Weight& w, int64_t row_begin, int64_t rows,
-                            float* host) override {
-    return inner_.UnpackWeight(w, row_begin, rows, host);
-  }
-  void Embed(const Weight& table, int64_t id_begin, const int32_t* ids, int32_t n,
-             float* out) override {
-    inner_.Embed(table, id_begin, ids, n, out);
-  }
-  void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
-               float* out) override {
-    inner_.RmsNorm(x, w, n, dim, eps, out);
-  }
-  void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
-                    const float* w, float eps) override {
-    inner_.RmsNormHeads(x, ld, n, num_heads, head_dim, w, eps);
-  }
-  void LinearRows(const float* x, int32_t n, const Weight& w, int64_t row_begin, int64_t rows,
-                  const float* bias, float* y) override {
-    inner_.LinearRows(x, n, w, row_begin, rows, bias, y);
-  }
-  void Rope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
-            const int32_t* positions, const float* inv_freq) override {
-    inner_.Rope(x, ld, n, num_heads, head_dim, positions, inv_freq);
-  }
-  void StoreKv(const KvLayerView& cache, const float* k, const float* v, int32_t ld, int32_t n,
-               const int32_t* slots) override {
-    inner_.StoreKv(cache, k, v, ld, n, slots);
-  }
-  void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
-                 const AttentionRows& rows, float scale, float* out) override {
-    inner_.Attention(q, ld, num_heads, cache, rows, scale, out);
-  }
-  void SwiGlu(const float* gate_up, int32_t n, int32_t ff, float* out) override {
-    inner_.SwiGlu(gate_up, n, ff, out);
-  }
-  void Add(float* x, const float* y, size_t count) override { inner_.Add(x, y, count); }
-  void GatherRows(const float* src, int32_t dim, const int32_t* index, int32_t n,
-                  float* dst) override {
-    inner_.GatherRows(src, dim, index, n, dst);
-  }
-  void ShiftedRowDots(const float* a, const float* shift, const float* b, int32_t n, int32_t dim,
-                      double* out) override {
-    inner_.ShiftedRowDots(a, shift, b, n, dim, out);
-  }
-  void ShiftRows(const float* a, const float* shift, int32_t n, int32_t dim, float* out) override {
-    inner_.ShiftRows(a, shift, n, dim, out);
-  }
-  void CopyColumns(const float* src, int64_t src_ld, int32_t rows, int32_t cols, float* dst,
-                   int64_t dst_ld) override {
-    inner_.CopyColumns(src, src_ld, rows, cols, dst, dst_ld);
-  }
-  void Sample(float* logits, int32_t vocab, std::span<const SampleSpec> specs,
-              std::span<const int32_t> penalty_ids, SampledToken* out) override {
-    if (before_sample) before_sample();
-    inner_.Sample(logits, vocab, specs, penalty_ids, out);
-  }
-  bool SupportsGraphs() const override { return true; }
-  absl::StatusOr<std::unique_ptr<BackendGraph>> Record(
-      const std::function<absl::Status()>& ops) override {
-    class Replayed final : public BackendGraph {
-     public:
-      Replayed(std::function<absl::Status()> ops, std::atomic<int>& replays)
-          : ops_(std::move(ops)), replays_(replays) {}
-      bool Replay() override {
-        ++replays_;
-        return ops_().ok();
-      }
-
-     private:
-      std::function<absl::Status()> ops_;
-      std::atomic<int>& replays_;
-    };
-    ++records;
-    return std::make_unique<Replayed>(ops, replays);
-  }
-
-  std::atomic<int> allocs = 0, records = 0, replays = 0;
-  std::function<void()> before_sample;
-
- private:
-  Backend& inner_;
 };
 
 class EngineTest : public DefaultModelTest {
@@ -441,11 +338,122 @@ TEST_F(EngineTest, DecodeGraphsAreRecordedAtTheStartAndOnlyReplayedWhileServing)
   WaitForFreeBlocks(*engine);
 }
 
+// The default model sharded over 3 ranks (its 9 heads / 3 KV heads) of CPU backends, each rank's
+// wrapped in a CountingGraphBackend: graphs that replay the recorded ops, collectives among them.
+struct CountedShards {
+  RankGroup group;
+  std::vector<std::unique_ptr<CountingGraphBackend>> counting;  // [rank]
+  std::unique_ptr<Model> model;
+};
+std::unique_ptr<CountedShards> ShardOnCountingBackends() {
+  const absl::StatusOr<cpu::Isa> isa = cpu::IsaFromEnvironment();  // the fixture's path
+  EXPECT_TRUE(isa.ok()) << isa.status();
+  absl::StatusOr<RankGroup> group = CreateRankGroup("cpu", 3, {.isa = isa.value_or(cpu::Isa{})});
+  EXPECT_TRUE(group.ok()) << group.status();
+  if (!isa.ok() || !group.ok()) return nullptr;
+  auto shards = std::make_unique<CountedShards>(CountedShards{*std::move(group), {}, nullptr});
+  std::vector<Backend*> backends;
+  for (const std::unique_ptr<Backend>& b : shards->group.backends) {
+    shards->counting.push_back(std::make_unique<CountingGraphBackend>(*b));
+    backends.push_back(shards->counting.back().get());
+  }
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      LoadModel(RIDGESERVE_DEFAULT_MODEL, backends, shards->group.comms);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return nullptr;
+  shards->model = *std::move(model);
+  return shards;
+}
+
+// Decode graphs at tensor parallel 3: every rank records every bucket when the engine starts,
+// together, and decode steps replay them on every rank alike; the greedy answers of requests
+// served together are those of the same sharded model with every step run as it comes
+// (unpadded, unrecorded).
+TEST_F(EngineTest, DecodeGraphsAtTensorParallel3ReplayOnEveryRankAndAnswerAsEagerSteps) {
+  const std::unique_ptr<CountedShards> shards = ShardOnCountingBackends();
+  ASSERT_NE(shards, nullptr);
+  const auto& counting = shards->counting;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 5; ++i) prompts.push_back(RandomTokens(20 + 7 * i, 60 + i));
+  const auto serve = [&](bool graphs) {
+    EngineOptions options;
+    options.decode_graphs = graphs;
+    options.scheduler.max_running_requests = 12;
+    options.kv_cache_tokens = 1024;
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*shards->model, options);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    std::vector<std::vector<int32_t>> answers(prompts.size());
+    if (!engine.ok()) return answers;
+    const int buckets = static_cast<int>(LlamaModel::DecodeGraphBuckets(12).size());
+    const int replays_at_start = counting[0]->replays;
+    for (const auto& c : counting) {
+      EXPECT_EQ(c->records, graphs ? buckets : 0) << "recordings on a rank at the start";
+      EXPECT_EQ(c->replays, replays_at_start);
+    }
+    std::vector<std::future<Outcome>> futures;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      auto done = std::make_shared<std::promise<Outcome>>();
+      futures.push_back(done->get_future());
+      EXPECT_TRUE((*engine)->Submit(Greedy(prompts[i], 10 + 5 * static_cast<int>(i), done)).ok());
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const Outcome out = futures[i].get();
+      EXPECT_TRUE(out.status.ok()) << out.status;
+      answers[i] = out.tokens;
+    }
+    if (graphs) {
+      EXPECT_GT(counting[0]->replays, replays_at_start);
+    }
+    for (size_t r = 0; r < counting.size(); ++r) {
+      EXPECT_EQ(counting[r]->records, graphs ? buckets : 0) << "rank " << r << " recorded later";
+      EXPECT_EQ(counting[r]->replays, counting[0]->replays) << "rank " << r << " replayed apart";
+    }
+    return answers;
+  };
+  const std::vector<std::vector<int32_t>> eager = serve(false);
+  const std::vector<std::vector<int32_t>> graphed = serve(true);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(graphed[i].size(), 10 + 5 * i);
+    EXPECT_EQ(graphed[i], eager[i]) << "request " << i;
+  }
+}
+
+// A rank whose recording fails at tensor parallel 3 fails the start with its own error (the
+// other ranks, released by its abort, fail with Aborted), and the group is usable again: an
+// engine without graphs then serves.
+TEST_F(EngineTest, ARankThatCannotRecordFailsTheStartAndTheGroupServesOn) {
+  const std::unique_ptr<CountedShards> shards = ShardOnCountingBackends();
+  ASSERT_NE(shards, nullptr);
+  shards->counting[1]->fail_record = true;
+  EngineOptions options;
+  options.kv_cache_tokens = 1024;
+  options.scheduler.max_running_requests = 4;
+  const absl::Status refused = Engine::Create(*shards->model, options).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInternal) << refused;
+  EXPECT_NE(refused.message().find("recording refused by the test"), std::string::npos) << refused;
+  shards->counting[1]->fail_record = false;
+  options.decode_graphs = false;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*shards->model, options);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto done = std::make_shared<std::promise<Outcome>>();
+  std::future<Outcome> outcome = done->get_future();
+  ASSERT_TRUE((*engine)->Submit(Greedy(RandomTokens(30, 70), 6, done)).ok());
+  const Outcome out = outcome.get();
+  EXPECT_TRUE(out.status.ok()) << out.status;
+  EXPECT_EQ(out.tokens.size(), 6u);
+}
+
 // A step that hangs (here its sampling waits, as a device that never finishes the step would)
 // stalls the engine once it passes the step timeout: the engine is reported broken while the
 // step still hangs, new requests are refused UNAVAILABLE at once, and the hung step's request
 // fails UNAVAILABLE when the step returns. Steps within the timeout do not trip it.
 TEST_F(EngineTest, AStepPastTheTimeoutStallsTheEngine) {
+  for (double refused : {1e-4, 2e6, std::numeric_limits<double>::infinity(), -1.0}) {
+    EngineOptions bad;
+    bad.step_timeout_seconds = refused;
+    EXPECT_EQ(Engine::Create(*model_, bad).status().code(), absl::StatusCode::kInvalidArgument)
+        << refused;  // an unrepresentable deadline, or one the watchdog would spin on
+  }
   CountingGraphBackend counting(*backend_);
   EngineOptions options;
   options.step_timeout_seconds = 2;  // far above these requests' steps, under ASan too

@@ -453,7 +453,7 @@ TEST(DTypeTest, DequantizeRowsToBf16IsEachRowRoundedAtAnyThreadCount) {
       ASSERT_TRUE(DequantizeRow(type, &bytes[r * row_bytes], cols, &want[r * cols]).ok());
     }
     for (float& w : want) w = ::ridgeserve::testing::RoundToBFloat16Reference(w);
-    for (int threads : {1, 2, 3}) {
+    for (int threads : {0, 1, 2, 3}) {
       std::vector<uint16_t> got(rows * cols, 0xFFFF);
       ASSERT_TRUE(
           DequantizeRowsToBf16(type, bytes.data(), row_bytes, rows, cols, got.data(), threads)

@@ -245,6 +245,11 @@ def main():
             expect_eq(code, SC.UNAVAILABLE, "status of the stalled step's request")
             expect("past the step timeout of 1 s" in details, f"details: {details!r}")
             expect_eq(scrape("ridgeserve_engine_broken"), 1.0, "engine_broken after")
+            # (The reply goes out inside the step: the gauge drops to 0 just after.)
+            for _ in range(50):
+                if scrape("ridgeserve_engine_step_in_progress_seconds") == 0.0:
+                    break
+                time.sleep(0.1)
             expect_eq(scrape("ridgeserve_engine_step_in_progress_seconds"), 0.0,
                       "step in progress once the stalled step ended")
             status = srv.health.Check(health_pb2.HealthCheckRequest(service=""),
