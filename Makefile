@@ -75,7 +75,8 @@ ASAN_TARGETS := formats_tensor_dump gguf_reader_test safetensors_reader_test tok
   tensor_parallel_test server_unit_test loadtest_core_test ridgeserve-eval \
   ridgeserve-calibrate ridgefill_check
 # The binaries of the TSan tests.
-TSAN_TARGETS := spec_pc_engine_test tensor_parallel_test server_unit_test ridgefill_maps_test
+TSAN_TARGETS := spec_pc_engine_test tensor_parallel_test server_unit_test ridgefill_maps_test \
+  engine_test
 
 test-sanitize: model
 	cmake -S . -B build-asan $(SAN_CMAKE) \
