@@ -188,7 +188,8 @@ class LlamaModel {
   // recordings made together (NCCL requires it): recordings are made only by RecordDecodeGraphs,
   // run on every rank at once. A step whose bucket has no current recording (other cache memory,
   // a grown scratch: the same on every rank) runs padded but eagerly, and a replay that fails
-  // fails the step (Internal), rather than one rank running differently from the others.
+  // fails the step (Internal, or Aborted on an aborted group), rather than one rank running
+  // differently from the others.
   void SetDecodeGraphBuckets(std::vector<int32_t> buckets);
   // The buckets for up to `max_rows` decode rows: 1, 2, 4, then every 8 to 64, every 16 to 256,
   // every 32 beyond, and max_rows itself last.

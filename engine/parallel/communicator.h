@@ -44,8 +44,9 @@ class Communicator {
   // Returns when every rank has called it.
   virtual absl::Status Barrier() = 0;
   // Runs `launch`, work that enqueues this rank's collectives without calling them (a recorded
-  // graph's replay), unless the group is aborted (then Aborted): an abort cannot tear the group
-  // down between the check and the launch. Its status is launch's.
+  // graph's replay); its status is launch's. NCCL runs it only if the group is not aborted (else
+  // Aborted), holding the group so that an abort cannot tear it down between the check and the
+  // launch; here it just runs (collectives that check for themselves, as the thread group's).
   virtual absl::Status Launch(const std::function<absl::Status()>& launch) { return launch(); }
   // Fails every pending and later collective of the group with Aborted naming `reason`.
   virtual void Abort(std::string_view reason) = 0;

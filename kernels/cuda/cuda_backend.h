@@ -35,7 +35,8 @@
 namespace ridgeserve {
 
 // PackWeight's host staging: bf16 rows converted per upload (8 MiB, in two pinned chunks: the
-// host never holds more of a converted weight than 16 MiB, whatever the tensor's size).
+// host never holds more of a converted weight than 16 MiB, or two rows, whatever the tensor's
+// size).
 inline constexpr size_t kPackChunkBytes = size_t{8} << 20;
 
 // CUDA devices the runtime sees (0 without a driver or a device).
