@@ -33,13 +33,6 @@ double Seconds(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-// What the requests of a failed step get: INTERNAL, but UNAVAILABLE where no step can run any
-// more (a broken engine): a client may retry elsewhere.
-absl::Status FailedStepStatus(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kUnavailable ? status
-                                                         : absl::InternalError(status.message());
-}
-
 // Prefix-cache namespace of SpecPC's compressed prompts: their blocks are never shared with
 // exact requests (renumbered or original positions alike).
 uint64_t SpecPcCacheSalt(bool original_positions) {
@@ -121,13 +114,14 @@ struct Engine::Impl {
   void RunTasks();
 
   // caches[r] holds rank r's KV heads (one cache at TP = 1); the scheduler hands out rank 0's
-  // blocks, and every rank uses the same ones.
+  // blocks, and every rank uses the same ones. `tp` runs the ranks over them (TP > 1).
   Impl(Model& m, const EngineOptions& o, std::vector<std::unique_ptr<PagedKvCache>> kv,
-       std::unique_ptr<PagedKvCache> draft_kv)
+       std::unique_ptr<TensorParallelExecutor> tp, std::unique_ptr<PagedKvCache> draft_kv)
       : model(m),
         options(o),
         caches(std::move(kv)),
         cache(caches.front().get()),
+        executor(std::move(tp)),
         draft_cache(std::move(draft_kv)) {
     const int32_t block_size = options.scheduler.block_size;
     const int32_t num_blocks = cache->shape().num_blocks;
@@ -143,11 +137,6 @@ struct Engine::Impl {
       const SpecPcParams params = DefaultSpecPcParams(model.config, d.num_layers, 0, 1);
       for (int32_t l = params.first_layer; l < params.num_layers; ++l)
         draft_scored_layers.push_back(l);
-    }
-    if (caches.size() > 1) {
-      std::vector<PagedKvCache*> rank_caches;
-      for (const std::unique_ptr<PagedKvCache>& c : caches) rank_caches.push_back(c.get());
-      executor = std::make_unique<TensorParallelExecutor>(model.rank_models(), rank_caches);
     }
     published.kv_blocks_total = num_blocks;
     published.kv_blocks_free = num_blocks;
@@ -188,6 +177,9 @@ struct Engine::Impl {
   void Break(const absl::Status& reason);
   // OK, or why the engine is broken.
   absl::Status Broken();
+  // What the requests of a step that failed with `status` get: why the engine is broken, where it
+  // is (UNAVAILABLE: a client may retry elsewhere), else INTERNAL.
+  absl::Status StepFailure(const absl::Status& status);
 
   Model& model;
   const EngineOptions options;
@@ -611,8 +603,6 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     if (status.ok()) status = head.CopyLogits(host_rows, host_logits.data());
     forward_seconds += Seconds(sample_start, Clock::now());
   }
-  // A broken engine's step fails whatever it computed: the step past the timeout among them.
-  if (absl::Status b = Broken(); !b.ok()) status = std::move(b);
   for (size_t j = 0; status.ok() && j < on_backend.size(); ++j) on_backend[j]->result = results[j];
   for (size_t j = 0; status.ok() && j < on_host.size(); ++j) {
     Draw& d = *on_host[j];
@@ -646,7 +636,7 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   // Every request of the step ends with the step's failure (its blocks freed).
   const auto fail_step = [&](const absl::Status& status) {
     spdlog::error("forward failed: {}", status.ToString());
-    const absl::Status failed = FailedStepStatus(status);
+    const absl::Status failed = StepFailure(status);
     for (const ScheduledChunk& chunk : plan.chunks) {
       const uint64_t id = chunk.request->id;
       scheduler->Abort(id);
@@ -662,7 +652,8 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     Live& l = live.at(chunk.request->id);
     if (chunk.sample && l.kv_prefilling()) CompactKv(*chunk.request, l);
   }
-  // SpecKV's compaction runs on the backend too: a stall there fails the step as well.
+  // A broken engine's step fails whatever it computed (the step past the timeout among them),
+  // checked after SpecKV's compaction, which runs on the backend too.
   if (absl::Status b = Broken(); !b.ok()) {
     fail_step(b);
     return;
@@ -743,10 +734,10 @@ void Engine::Impl::RunDraft(const StepPlan& plan) {
   std::vector<SampledToken> drafted(greedy.size());
   if (status.ok()) status = draft.llama->SampleLogits(greedy, {}, drafted.data());
   forward_seconds += Seconds(forward_start, Clock::now());
-  if (absl::Status b = Broken(); !b.ok()) status = std::move(b);
+  if (status.ok()) status = Broken();  // the step past the timeout among them
   if (!status.ok()) {
     spdlog::error("draft forward failed: {}", status.ToString());
-    const absl::Status failed = FailedStepStatus(status);
+    const absl::Status failed = StepFailure(status);
     for (const ScheduledChunk& chunk : plan.chunks) {
       draft_scheduler->Abort(chunk.request->id);
       FinishWith(chunk.request->id, FinishReason::kNone, failed);
@@ -929,6 +920,11 @@ absl::Status Engine::Impl::Broken() {
   return broken;
 }
 
+absl::Status Engine::Impl::StepFailure(const absl::Status& status) {
+  absl::Status b = Broken();
+  return b.ok() ? absl::InternalError(status.message()) : b;
+}
+
 void Engine::Impl::RunTasks() {
   std::vector<Task> run;
   {
@@ -1060,44 +1056,34 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
           draft->llama->ReserveWorkspace(max_rows, max_seqs, max_seqs * draft_blocks_per_seq));
     }
   }
+  std::unique_ptr<TensorParallelExecutor> executor;
+  if (caches.size() > 1) {
+    std::vector<PagedKvCache*> rank_caches;
+    for (const std::unique_ptr<PagedKvCache>& c : caches) rank_caches.push_back(c.get());
+    executor = std::make_unique<TensorParallelExecutor>(model.rank_models(), rank_caches);
+  }
   // Every decode bucket recorded now, after the last reservation (growing a scratch later would
   // make the recordings stale), so that no request's step waits for one. A decode step has at
   // most max_seqs rows and the budget's; padded to its bucket it stays within both, and so
-  // within the reservation. At TP > 1 every rank records at once, on a thread of its own (the
-  // recordings hold the ranks' collectives); a rank that fails aborts the group's collectives,
-  // so that no other rank waits for it.
+  // within the reservation. At TP > 1 every rank records at once (the recordings hold the
+  // ranks' collectives), failing as a step does.
   if (options.decode_graphs && model.llama->backend().SupportsGraphs()) {
     const std::vector<LlamaModel*> ranks = model.rank_models();
-    const std::vector<int32_t> buckets =
-        LlamaModel::DecodeGraphBuckets(std::min(max_seqs, max_rows));
-    std::vector<absl::Status> recorded(ranks.size());
-    const auto record = [&](size_t r) {
-      ranks[r]->SetDecodeGraphBuckets(buckets);
-      recorded[r] = ranks[r]->RecordDecodeGraphs(*caches[r]);
-      if (!recorded[r].ok() && ranks[r]->communicator() != nullptr) {
-        ranks[r]->communicator()->Abort(
-            absl::StrCat("rank ", r, " could not record decode graphs: ", recorded[r].message()));
-      }
-    };
-    std::vector<std::thread> threads;
-    for (size_t r = 1; r < ranks.size(); ++r) threads.emplace_back(record, r);
-    record(0);
-    for (std::thread& t : threads) t.join();
-    // The first rank that failed on its own (the others fail with the abort it caused).
-    const auto failed = std::find_if(recorded.begin(), recorded.end(), [](const absl::Status& s) {
-      return !s.ok() && !absl::IsAborted(s);
-    });
-    const auto any = std::find_if(recorded.begin(), recorded.end(),
-                                  [](const absl::Status& s) { return !s.ok(); });
-    if (any != recorded.end()) {
+    for (LlamaModel* rank : ranks) {
+      rank->SetDecodeGraphBuckets(LlamaModel::DecodeGraphBuckets(std::min(max_seqs, max_rows)));
+    }
+    const absl::Status recorded = executor != nullptr
+                                      ? executor->OnEveryRank([&](int32_t r) {
+                                          return ranks[r]->RecordDecodeGraphs(*caches[r]);
+                                        })
+                                      : model.llama->RecordDecodeGraphs(*caches.front());
+    if (!recorded.ok()) {
       for (LlamaModel* rank : ranks) rank->SetDecodeGraphBuckets({});  // they write to `caches`
-      // The group usable again where it can be (not NCCL: the caller stops).
-      if (Communicator* comm = model.llama->communicator(); comm != nullptr)
-        comm->Reset().IgnoreError();
-      return failed != recorded.end() ? *failed : *any;
+      return recorded;
     }
   }
-  auto impl = std::make_unique<Impl>(model, options, std::move(caches), std::move(draft_cache));
+  auto impl = std::make_unique<Impl>(model, options, std::move(caches), std::move(executor),
+                                     std::move(draft_cache));
   Impl* raw = impl.get();
   raw->thread = std::thread([raw] { raw->Run(); });
   if (options.step_timeout_seconds > 0) raw->watchdog = std::thread([raw] { raw->Watch(); });

@@ -550,16 +550,16 @@ absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache&
   const bool current = graph_cache_key_ == recorded_cache_key_ && recorded != graphs_.end() &&
                        recorded->second.meta == meta_;
   bool replayed = false;
-  if (current && comm_ == nullptr) {
-    replayed = recorded->second.graph->Replay();
-  } else if (current) {
-    // The replay launches this rank's collectives: not on a group an abort has torn down. Every
-    // rank replays, or the step fails (NCCL: a launch uses one capture's graphs on every rank).
-    RS_RETURN_IF_ERROR(comm_->Launch([&] {
+  if (current) {
+    const auto replay = [&] {
       replayed = recorded->second.graph->Replay();
       return absl::OkStatus();
-    }));
-    if (!replayed) {
+    };
+    // At TP > 1 the replay launches this rank's collectives: not on a group an abort has torn
+    // down. Every rank replays, or the step fails (NCCL: a launch uses one capture's graphs on
+    // every rank).
+    RS_RETURN_IF_ERROR(comm_ != nullptr ? comm_->Launch(replay) : replay());
+    if (!replayed && comm_ != nullptr) {
       return absl::InternalError(absl::StrCat("replaying the decode graph for ", bucket,
                                               " rows failed on tensor-parallel rank ",
                                               shard_.rank));

@@ -17,8 +17,8 @@
 // collective returns Aborted naming the reason. NCCL communicators do not recover: make a new
 // group. Asynchronous NCCL errors found by Barrier abort the group the same way. Not reached by
 // an abort: a rank blocked inside an NCCL call (under the group's lock) because the launch
-// queue is full behind a kernel stuck on the failed peer, and a peer that hangs on the device
-// (no timeout aborts the group).
+// queue is full behind a kernel stuck on the failed peer. A peer that hangs on the device is
+// aborted by the engine's step watchdog (--step_timeout_s).
 #ifndef RIDGESERVE_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
 #define RIDGESERVE_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
 

@@ -47,22 +47,15 @@ TensorParallelExecutor::~TensorParallelExecutor() {
 void TensorParallelExecutor::RunRank(int32_t rank) {
   uint64_t seen = 0;
   while (true) {
-    const ForwardBatch* batch;
-    ForwardProfile* profile;
+    const std::function<absl::Status(int32_t)>* work;
     {
       std::unique_lock lock(mu_);
       start_cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
       if (stopping_) return;
       seen = generation_;
-      batch = batch_;
-      profile = rank == 0 ? profile_ : nullptr;
+      work = work_;
     }
-    absl::Status status;
-    if (rank == fault_rank_ && static_cast<int64_t>(seen) == fault_step_) {
-      status = absl::InternalError(absl::StrCat("injected fault at step ", seen));
-    } else {
-      status = ranks_[rank]->Run(*batch, *caches_[rank], nullptr, profile);
-    }
+    absl::Status status = (*work)(rank);
     // A failing rank releases the others from the collectives it will not join (a group
     // already aborted keeps its first reason).
     if (!status.ok()) {
@@ -78,10 +71,21 @@ absl::Status TensorParallelExecutor::Run(const ForwardBatch& batch, ForwardProfi
   if (!broken_.ok()) return broken_;
   // A step the model refuses (every rank would, before any collective) fails here alone.
   RS_RETURN_IF_ERROR(ranks_[0]->CheckStep(batch, *caches_[0]));
+  const int64_t step = ++steps_;
+  return OnEveryRank([&](int32_t rank) {
+    if (rank == fault_rank_ && step == fault_step_) {
+      return absl::InternalError(absl::StrCat("injected fault at step ", step));
+    }
+    return ranks_[rank]->Run(batch, *caches_[rank], nullptr, rank == 0 ? profile : nullptr);
+  });
+}
+
+absl::Status TensorParallelExecutor::OnEveryRank(
+    const std::function<absl::Status(int32_t rank)>& work) {
+  if (!broken_.ok()) return broken_;
   {
     std::unique_lock lock(mu_);
-    batch_ = &batch;
-    profile_ = profile;
+    work_ = &work;
     pending_ = static_cast<int32_t>(ranks_.size());
     ++generation_;
     start_cv_.notify_all();

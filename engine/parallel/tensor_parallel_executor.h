@@ -8,6 +8,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -28,11 +29,15 @@ class TensorParallelExecutor {
   TensorParallelExecutor(std::vector<LlamaModel*> ranks, std::vector<PagedKvCache*> caches);
   ~TensorParallelExecutor();  // joins the rank threads
 
-  // LlamaModel::Run on every rank. When a rank fails, it aborts the group's collectives
-  // so no rank waits for it, and this returns Internal naming the rank and its error; the
-  // group is then reset for the next step, or, where the communicator cannot be reset, this
-  // and every later call return Unavailable saying so and naming the rank's error.
+  // LlamaModel::Run on every rank (OnEveryRank), after rank 0's CheckStep: a step the model
+  // refuses fails alone, with the model's error, before any rank runs it.
   absl::Status Run(const ForwardBatch& batch, ForwardProfile* profile);
+  // work(rank) on every rank's thread at once (work that joins the group's collectives, such as
+  // recording decode graphs), returning when all have. When a rank fails, it aborts the group's
+  // collectives so no rank waits for it, and this returns Internal naming the first rank that
+  // failed on its own and its error; the group is then reset, or, where the communicator cannot
+  // be reset, this and every later call return Unavailable saying so and naming that error.
+  absl::Status OnEveryRank(const std::function<absl::Status(int32_t rank)>& work);
   // Rank 0's model, which holds a successful Run's logits (LlamaModel::SampleLogits,
   // CopyLogits; called between Runs, while the rank threads wait).
   LlamaModel& head() { return *ranks_[0]; }
@@ -51,12 +56,12 @@ class TensorParallelExecutor {
   std::mutex mu_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
-  uint64_t generation_ = 0;  // steps handed out
-  int32_t pending_ = 0;      // ranks still running the current step
+  int64_t steps_ = 0;        // Runs (the fault hook's count; the caller's thread)
+  uint64_t generation_ = 0;  // works handed out
+  int32_t pending_ = 0;      // ranks still running the current work
   bool stopping_ = false;
-  const ForwardBatch* batch_ = nullptr;
-  ForwardProfile* profile_ = nullptr;
-  std::vector<absl::Status> status_;  // per rank, of the current step
+  const std::function<absl::Status(int32_t)>* work_ = nullptr;
+  std::vector<absl::Status> status_;  // per rank, of the current work
   absl::Status broken_;               // set when the group could not be reset
   std::vector<std::thread> threads_;
 };
