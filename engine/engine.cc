@@ -971,6 +971,13 @@ void Engine::Impl::Run() {
   RunTasks();
 }
 
+absl::Status CheckStepTimeout(double seconds) {
+  constexpr double kMin = 1e-3, kMax = 1e6;
+  if (seconds == 0 || (seconds >= kMin && seconds <= kMax)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrFormat("must be 0 (no limit) or in [%g, %g], got %g", kMin, kMax, seconds));
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const EngineOptions& options) {
   if (options.kv_cache_tokens < options.scheduler.block_size) {
     return absl::InvalidArgumentError(absl::StrCat("kv_cache_tokens must be at least one block (",
@@ -980,11 +987,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Engin
   if (options.scheduler.max_batch_tokens < 1) {
     return absl::InvalidArgumentError("max_batch_tokens must be positive");
   }
-  if (const double t = options.step_timeout_seconds;
-      !(t == 0 || (t >= kMinStepTimeoutSeconds && t <= kMaxStepTimeoutSeconds))) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("step_timeout_seconds must be 0 (no limit) or in [%g, %g], got %g",
-                        kMinStepTimeoutSeconds, kMaxStepTimeoutSeconds, t));
+  if (absl::Status s = CheckStepTimeout(options.step_timeout_seconds); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("step_timeout_seconds ", s.message()));
   }
   if (options.scheduler.max_background_step_tokens < 1) {
     return absl::InvalidArgumentError("max_background_step_tokens must be positive");

@@ -24,9 +24,6 @@
 
 namespace ridgeserve {
 
-inline constexpr double kMinStepTimeoutSeconds = 1e-3;
-inline constexpr double kMaxStepTimeoutSeconds = 1e6;
-
 struct EngineOptions {
   SchedulerConfig scheduler;
   int32_t kv_cache_tokens = 65536;  // KV cache capacity (rounded up to whole blocks)
@@ -38,8 +35,7 @@ struct EngineOptions {
   // stalls the engine (0: no limit): a watchdog thread aborts a
   // tensor-parallel group's collectives, so that ranks waiting for a hung peer return, and
   // reports the engine broken (on_broken). The stalled step's requests fail UNAVAILABLE when it
-  // returns, if it ever does. 0, or in [kMinStepTimeoutSeconds, kMaxStepTimeoutSeconds]
-  // (Create refuses others).
+  // returns, if it ever does. CheckStepTimeout says which values Create takes.
   double step_timeout_seconds = 0;
   // Called once, on the engine thread or the watchdog's, when the engine can run no more steps:
   // a tensor-parallel group that could not be reset after a failed step (NCCL), or a step past
@@ -72,6 +68,11 @@ struct EngineOptions {
         take;
   } calibration_rows;
 };
+
+// OK for EngineOptions::step_timeout_seconds 0 (no limit) or in [0.001, 1e6] seconds (a
+// shorter one would wake the watchdog without end; a longer one overflows its deadline), else
+// InvalidArgument saying so (the server names its flag before it).
+absl::Status CheckStepTimeout(double seconds);
 
 enum class FinishReason { kNone, kStop, kLength, kStopSequence, kAborted };
 

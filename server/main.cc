@@ -23,7 +23,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -245,11 +244,9 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(
         "--ridgefill_online_resolve_rows and --ridgefill_online_row_stride must be >= 1");
   }
-  if (const double t = absl::GetFlag(FLAGS_step_timeout_s);
-      !(t == 0 || (t >= kMinStepTimeoutSeconds && t <= kMaxStepTimeoutSeconds))) {
-    return absl::InvalidArgumentError(
-        absl::StrFormat("--step_timeout_s must be 0 (no limit) or in [%g, %g], got %g",
-                        kMinStepTimeoutSeconds, kMaxStepTimeoutSeconds, t));
+  // Before the model loads (Engine::Create checks it too).
+  if (absl::Status s = CheckStepTimeout(absl::GetFlag(FLAGS_step_timeout_s)); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--step_timeout_s ", s.message()));
   }
   if (!(absl::GetFlag(FLAGS_shutdown_timeout_s) >= 0)) {
     return absl::InvalidArgumentError("--shutdown_timeout_s must be >= 0");
