@@ -136,12 +136,24 @@ class BackendGraph {
   virtual bool Replay() = 0;
 };
 
+// The rows x [n, k] a Linear multiplies: f32 (any float array converts to this implicitly), or
+// the backend's ActivationDType, the element type its RmsNorm, SwiGlu and Attention write (CUDA
+// hands bf16 rows to cuBLASLt as they are: they must start 16-byte aligned, as a buffer from
+// Alloc does).
+struct LinearInput {
+  LinearInput(const float* x) : data(x) {}  // NOLINT(google-explicit-constructor): f32 rows
+  LinearInput(const void* x, DType element) : data(x), dtype(element) {}
+  const void* data;
+  DType dtype = DType::kF32;
+};
+
 // The largest step a model will run, for a backend that sizes its ops' own scratch up front
 // (Backend::ReserveOps), for Linear outputs that start 16-byte aligned (a buffer from Alloc, or
 // an offset of a multiple of 4 floats into one); CUDA grows scratch for any other.
 struct OpShapes {
   int32_t rows = 0;                    // rows of one step
   std::vector<int64_t> linear_ks;      // every Linear input width (hidden, query width, MLP width)
+  int64_t f32_linear_k = 0;            // the widest input given as f32 rows (LinearInput)
   std::vector<int64_t> linear_widths;  // every Linear and LinearRows output width
   int32_t num_heads = 0;  // attention: the rank's query and KV heads, head_dim, cache type
   int32_t num_kv_heads = 0;
@@ -161,6 +173,11 @@ class Backend {
   virtual std::string_view name() const = 0;
   // The KV cache element type --kv_cache_dtype auto picks (CPU: F16, measured in README).
   virtual DType DefaultKvCacheDType() const = 0;
+  // The element type of the activations that only a Linear reads: what RmsNorm, SwiGlu and
+  // Attention write (CPU: F32; CUDA: BF16, the GEMMs' input, rounded once where it is made
+  // instead of in a pass of its own before each GEMM). A BF16 element is the f32 result rounded
+  // to nearest even (FloatToBFloat16).
+  virtual DType ActivationDType() const { return DType::kF32; }
 
   // --- memory ---------------------------------------------------------------------------
   // Uninitialized memory, 64-byte aligned on the CPU; an empty buffer when bytes == 0.
@@ -194,23 +211,24 @@ class Backend {
   // embedding); table [rows, dim] packed by this backend.
   virtual void Embed(const Weight& table, int64_t id_begin, const int32_t* ids, int32_t n,
                      float* out) = 0;
-  // out[i, :] = x[i, :] / rms(x[i, :]) * w; x, out [n, dim] (may alias). CPU: the sum of
-  // squares is accumulated in double (fixed order), r = float(1 / sqrt(sum / dim + eps)) in
-  // double, then out = (x * r) * w in float.
+  // out[i, :] = x[i, :] / rms(x[i, :]) * w; x [n, dim] f32, out [n, dim] of ActivationDType
+  // (the same memory as x only where that is F32). CPU: the sum of squares is accumulated in
+  // double (fixed order), r = float(1 / sqrt(sum / dim + eps)) in double, then out = (x * r) * w
+  // in float.
   virtual void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
-                       float* out) = 0;
+                       void* out) = 0;
   // In place, per head: x[i, h*head_dim : (h+1)*head_dim] normalized with w [head_dim]
   // (Qwen3 QK-norm), with RmsNorm's arithmetic. x rows are `ld` apart.
   virtual void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
                             const float* w, float eps) = 0;
   // y[n, rows] = x[n, w.cols()] · w[row_begin : row_begin + rows, :]ᵀ (+ bias[rows], added
-  // after the product). Element (i, j) depends only on row i of x and row j of w: not on n,
-  // the row's place in x, the row range, or the thread count. The backend's header states the
-  // arithmetic (CPU: kernels/cpu/linear.h).
-  virtual void LinearRows(const float* x, int32_t n, const Weight& w, int64_t row_begin,
+  // after the product), y in f32. Element (i, j) depends only on row i of x and row j of w: not
+  // on n, the row's place in x, the row range, or the thread count. The backend's header states
+  // the arithmetic (CPU: kernels/cpu/linear.h).
+  virtual void LinearRows(LinearInput x, int32_t n, const Weight& w, int64_t row_begin,
                           int64_t rows, const float* bias, float* y) = 0;
   // y[n, w.rows()] = x · wᵀ (+ bias).
-  void Linear(const float* x, int32_t n, const Weight& w, const float* bias, float* y) {
+  void Linear(LinearInput x, int32_t n, const Weight& w, const float* bias, float* y) {
     LinearRows(x, n, w, 0, w.rows(), bias, y);
   }
   // In place rotary embedding, half-split ("NeoX"/Hugging Face) layout: within each head,
@@ -231,18 +249,18 @@ class Backend {
                        int32_t n, const int32_t* slots) = 0;
   // out[i, h*head_dim...] = softmax(q_h · Kᵀ * scale) · V over the row's causal context,
   // with GQA (query head h uses KV head h / (num_heads / num_kv_heads)). q rows are `ld`
-  // apart; out [n, num_heads*head_dim]. A row's context is consumed in increasing position
-  // order (CPU: online softmax over chunks of 64 positions, running max and sum), so its
-  // result depends only on its query, its position and the cached K/V: not on the other rows,
-  // on how a prefill is chunked, or on the block size and which blocks hold the tokens.
+  // apart; out [n, num_heads*head_dim] of ActivationDType. A row's context is consumed in
+  // increasing position order (CPU: online softmax over chunks of 64 positions, running max and
+  // sum), so its result depends only on its query, its position and the cached K/V: not on the
+  // other rows, on how a prefill is chunked, or on the block size and which blocks hold the tokens.
   // On the CPU, F16 and BF16 entries are widened to f32 exactly, so the result equals that of an
   // F32 cache holding the rounded values; a backend that rounds more (CUDA on a BF16 cache:
   // the query and softmax weights in bf16 for tensor cores) says so in its header.
   virtual void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
-                         const AttentionRows& rows, float scale, float* out) = 0;
-  // out[i, j] = silu(gate_up[i, j]) * gate_up[i, ff + j]; gate_up [n, 2*ff], out [n, ff].
-  // silu(g) = g / (1 + exp(-g)) in float (CPU: exp within 2 ulp).
-  virtual void SwiGlu(const float* gate_up, int32_t n, int32_t ff, float* out) = 0;
+                         const AttentionRows& rows, float scale, void* out) = 0;
+  // out[i, j] = silu(gate_up[i, j]) * gate_up[i, ff + j]; gate_up [n, 2*ff] f32, out [n, ff] of
+  // ActivationDType. silu(g) = g / (1 + exp(-g)) in float (CPU: exp within 2 ulp).
+  virtual void SwiGlu(const float* gate_up, int32_t n, int32_t ff, void* out) = 0;
   // x[i] += y[i] for i < count.
   virtual void Add(float* x, const float* y, size_t count) = 0;
   // dst[i, :] = src[index[i], :], rows `dim` wide.

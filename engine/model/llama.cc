@@ -1,6 +1,7 @@
 #include "engine/model/llama.h"
 
 #include <algorithm>
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -610,7 +611,6 @@ absl::Status LlamaModel::RunFullLayer(int32_t l, int32_t na, const KvLayerView& 
   const LayerWeights& w = weights_.layers[l];
   const int32_t q_dim = q_dim_, kv_dim = kv_dim_, qkv_dim = q_dim + 2 * kv_dim;
   float* x = x_.as<float>();
-  float* xn = xn_.as<float>();
   float* qkv = qkv_.as<float>();
   float* proj = proj_.as<float>();
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -622,8 +622,9 @@ absl::Status LlamaModel::RunFullLayer(int32_t l, int32_t na, const KvLayerView& 
   const AttentionRows rows{na, meta_.positions, meta_.seq, meta_.block_table_offsets,
                            meta_.block_tables};
   // Attention block: x += o_proj(attention(rope(qkv(norm(x))))).
-  backend_.RmsNorm(x, w.attn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
-  backend_.Linear(xn, na, w.wqkv, w.bqkv.bytes() > 0 ? w.bqkv.as<float>() : nullptr, qkv);
+  backend_.RmsNorm(x, w.attn_norm.as<float>(), na, c.hidden, c.rms_eps, xn_.as<void>());
+  backend_.Linear(Activations(xn_), na, w.wqkv, w.bqkv.bytes() > 0 ? w.bqkv.as<float>() : nullptr,
+                  qkv);
   float* q = qkv;
   float* k = qkv + q_dim;
   float* v = qkv + q_dim + kv_dim;
@@ -651,15 +652,15 @@ absl::Status LlamaModel::RunFullLayer(int32_t l, int32_t na, const KvLayerView& 
     backend_.CopyToHost(out.data(), packed, sizeof(float) * out.size());
   }
   backend_.StoreKv(kv, k, v, qkv_dim, na, meta_.slots);
-  backend_.Attention(q, qkv_dim, heads_, kv, rows, scale, attn_.as<float>());
-  backend_.Linear(attn_.as<float>(), na, w.wo, nullptr, proj);
+  backend_.Attention(q, qkv_dim, heads_, kv, rows, scale, attn_.as<void>());
+  backend_.Linear(Activations(attn_), na, w.wo, nullptr, proj);
   RS_RETURN_IF_ERROR(all_reduce(proj));
   backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
   // MLP block: x += down(silu(gate(norm(x))) * up(norm(x))).
-  backend_.RmsNorm(x, w.ffn_norm.as<float>(), na, c.hidden, c.rms_eps, xn);
-  backend_.Linear(xn, na, w.w_gate_up, nullptr, gate_up_.as<float>());
-  backend_.SwiGlu(gate_up_.as<float>(), na, ffn_, act_.as<float>());
-  backend_.Linear(act_.as<float>(), na, w.w_down, nullptr, proj);
+  backend_.RmsNorm(x, w.ffn_norm.as<float>(), na, c.hidden, c.rms_eps, xn_.as<void>());
+  backend_.Linear(Activations(xn_), na, w.w_gate_up, nullptr, gate_up_.as<float>());
+  backend_.SwiGlu(gate_up_.as<float>(), na, ffn_, act_.as<void>());
+  backend_.Linear(Activations(act_), na, w.w_down, nullptr, proj);
   RS_RETURN_IF_ERROR(all_reduce(proj));
   backend_.Add(x, proj, static_cast<size_t>(na) * c.hidden);
   return absl::OkStatus();
@@ -672,8 +673,8 @@ absl::Status LlamaModel::RunLmHead(const ForwardBatch& batch) {
   RS_RETURN_IF_ERROR(EnsureLogitRows(m));
   backend_.GatherRows(x_.as<float>(), c.hidden, meta_.logit_rows, m, head_in_.as<float>());
   backend_.RmsNorm(head_in_.as<float>(), weights_.output_norm.as<float>(), m, c.hidden, c.rms_eps,
-                   head_in_.as<float>());
-  backend_.Linear(head_in_.as<float>(), m, weights_.lm_head_or_embedding(), nullptr,
+                   xn_.as<void>());
+  backend_.Linear(Activations(xn_), m, weights_.lm_head_or_embedding(), nullptr,
                   logits_.as<float>());
   RS_RETURN_IF_ERROR(GatherLogits(m));
   last_logit_rows_ = m;
@@ -765,9 +766,10 @@ void LlamaModel::StoreKvFromInput(int32_t layer, const float* in, const FilledRo
                                   const float* kv_bias, const float* k_norm_heads) {
   const ModelConfig& c = config_;
   const LayerWeights& w = weights_.layers[layer];
-  float* xn = xn_.as<float>();
   float* kv_proj = qkv_.as<float>();
-  backend_.RmsNorm(in, w.attn_norm.as<float>(), rows.count, c.hidden, c.rms_eps, xn);
+  assert(in != xn_.as<float>());  // the norm writes xn_ in ActivationDType
+  backend_.RmsNorm(in, w.attn_norm.as<float>(), rows.count, c.hidden, c.rms_eps, xn_.as<void>());
+  const LinearInput xn = Activations(xn_);
   if (kv_weight != nullptr) {
     backend_.Linear(xn, rows.count, *kv_weight, kv_bias, kv_proj);
   } else {

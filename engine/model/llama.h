@@ -209,11 +209,12 @@ class LlamaModel {
 
   // The K/V steps a RowFill composes for `rows` (FilledRows) in layer `layer`; `kv` is that
   // layer's cache. StoreKvFromInput: from the layer's input residual `in` [rows.count, hidden]
-  // (backend), as for a full row: input RMSNorm, the layer's K/V projection rows — or
-  // `kv_weight` and `kv_bias` ([2 kv_dim, hidden] and [2 kv_dim] or null) in their place —
-  // then StoreKvFromProjection. StoreKvFromProjection: from `kv_proj` [rows.count, 2 kv_dim]
-  // (K before QK-norm and RoPE, then V; overwritten): QK-norm with the layer's k_norm, or
-  // `k_norm_heads` [kv_heads, head_dim] (one weight per KV head), RoPE, store.
+  // (backend; not fill_scratch().input, where the norm's output goes), as for a full row: input
+  // RMSNorm, the layer's K/V projection rows — or `kv_weight` and `kv_bias` ([2 kv_dim, hidden] and
+  // [2 kv_dim] or null) in their place — then StoreKvFromProjection. StoreKvFromProjection: from
+  // `kv_proj` [rows.count, 2 kv_dim] (K before QK-norm and RoPE, then V; overwritten): QK-norm with
+  // the layer's k_norm, or `k_norm_heads` [kv_heads, head_dim] (one weight per KV head), RoPE,
+  // store.
   void StoreKvFromInput(int32_t layer, const float* in, const FilledRows& rows,
                         const KvLayerView& kv, const Weight* kv_weight = nullptr,
                         const float* kv_bias = nullptr, const float* k_norm_heads = nullptr);
@@ -263,6 +264,11 @@ class LlamaModel {
                             SampledToken* out);
 
  private:
+  // `buffer` as a Linear input written by an activation op (RmsNorm, SwiGlu, Attention): of the
+  // backend's ActivationDType.
+  LinearInput Activations(const DeviceBuffer& buffer) const {
+    return {buffer.as<void>(), backend_.ActivationDType()};
+  }
   // Filled rows of one split layer and one fill, contiguous in the reordered batch.
   struct FillGroup {
     int32_t split = 0;
@@ -358,6 +364,8 @@ class LlamaModel {
   int32_t capacity_rows_ = 0;
   int64_t capacity_meta_ = 0;
   int32_t capacity_logit_rows_ = 0;
+  // Sized in f32; xn_, attn_ and act_ hold ActivationDType elements where an activation op wrote
+  // them (and f32 where they serve as scratch: captured queries, RidgeFill's leverage test).
   DeviceBuffer x_;            // [rows, hidden] residual stream
   DeviceBuffer xn_;           // [rows, hidden] normalized
   DeviceBuffer qkv_;          // [rows, q_dim + 2 kv_dim]

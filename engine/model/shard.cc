@@ -51,6 +51,9 @@ OpShapes StepOpShapes(const ModelConfig& c, const ShardLayout& s, int32_t rows, 
   return OpShapes{
       .rows = rows,
       .linear_ks = {c.hidden, q, s.ffn},
+      // The activation ops' outputs reach the projections in ActivationDType; only RidgeFill's
+      // maps and leverage test multiply f32 rows (the residual stream).
+      .f32_linear_k = c.hidden,
       // QKV, the O projection and down (hidden), gate-up, the LM head; RidgeFill's maps output
       // hidden or K/V (2 kv).
       .linear_widths = {q + 2 * kv, c.hidden, 2 * int64_t{s.ffn}, s.vocab, 2 * kv},

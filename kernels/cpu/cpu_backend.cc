@@ -106,8 +106,8 @@ class CpuBackend final : public Backend {
   }
 
   void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
-               float* out) override {
-    cpu::RmsNorm(x, w, n, dim, eps, out, num_threads_);
+               void* out) override {
+    cpu::RmsNorm(x, w, n, dim, eps, static_cast<float*>(out), num_threads_);
   }
 
   void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
@@ -115,11 +115,12 @@ class CpuBackend final : public Backend {
     cpu::RmsNormHeads(x, ld, n, num_heads, head_dim, w, eps, num_threads_);
   }
 
-  void LinearRows(const float* x, int32_t n, const Weight& w, int64_t row_begin, int64_t rows,
+  void LinearRows(LinearInput x, int32_t n, const Weight& w, int64_t row_begin, int64_t rows,
                   const float* bias, float* y) override {
     assert(row_begin >= 0 && row_begin + rows <= w.rows());
-    cpu::Linear(x, n, Packed(w), row_begin, rows, bias, y, num_threads_, isa_, activations_,
-                linear_scratch_);
+    assert(x.dtype == DType::kF32);  // the CPU's activations are f32
+    cpu::Linear(static_cast<const float*>(x.data), n, Packed(w), row_begin, rows, bias, y,
+                num_threads_, isa_, activations_, linear_scratch_);
   }
 
   void Rope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
@@ -142,12 +143,13 @@ class CpuBackend final : public Backend {
   }
 
   void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
-                 const AttentionRows& rows, float scale, float* out) override {
-    cpu::PagedAttention(q, ld, num_heads, cache, rows, scale, out, num_threads_);
+                 const AttentionRows& rows, float scale, void* out) override {
+    cpu::PagedAttention(q, ld, num_heads, cache, rows, scale, static_cast<float*>(out),
+                        num_threads_);
   }
 
-  void SwiGlu(const float* gate_up, int32_t n, int32_t ff, float* out) override {
-    cpu::SwiGlu(gate_up, n, ff, out, num_threads_);
+  void SwiGlu(const float* gate_up, int32_t n, int32_t ff, void* out) override {
+    cpu::SwiGlu(gate_up, n, ff, static_cast<float*>(out), num_threads_);
   }
 
   void Add(float* x, const float* y, size_t count) override { cpu::Add(x, y, count, num_threads_); }

@@ -17,6 +17,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_device.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.cuh"
 
 namespace ridgeserve::cuda {
 namespace {
@@ -168,11 +169,11 @@ __device__ inline void ComputeSlot(const AttentionParams& p, const int32_t* tabl
 
 __device__ inline void WriteOutput(const AttentionParams& p, int row, int head, const State& st) {
   const int lane = threadIdx.x % 32;
-  float* out = p.out + int64_t{row} * p.num_heads * p.head_dim + int64_t{head} * p.head_dim;
+  uint16_t* out = p.out + int64_t{row} * p.num_heads * p.head_dim + int64_t{head} * p.head_dim;
 #pragma unroll
   for (int i = 0; i < kDimsPerLane; ++i) {
     const int d = lane + 32 * i;
-    if (d < p.head_dim) out[d] = __fdiv_rn(st.acc[i], st.l);
+    if (d < p.head_dim) out[d] = Bf16Bits(__fdiv_rn(st.acc[i], st.l));
   }
 }
 

@@ -28,7 +28,7 @@ struct AttentionParams {
   const int32_t* block_table_offsets = nullptr;
   const int32_t* block_tables = nullptr;
   float scale = 1.0f;
-  float* out = nullptr;  // [num_rows, num_heads * head_dim]
+  uint16_t* out = nullptr;  // [num_rows, num_heads * head_dim] bf16 bits (the o_proj input)
 };
 
 // Lifts the kernels' dynamic shared memory limit to what kMaxHeadDim and kMaxGroup (rows) and,

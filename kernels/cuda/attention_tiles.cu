@@ -24,6 +24,7 @@
 
 #include "kernels/cuda/attention_device.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.cuh"
 
 namespace ridgeserve::cuda {
 namespace {
@@ -390,12 +391,13 @@ __global__ void __launch_bounds__(kTileThreads)
         if (!q.real) continue;
         const int m = warp * 16 + gid + 8 * h;
         const float2* t = reinterpret_cast<const float2*>(sh.row_acc + m * L::kAccStride + 2 * tig);
-        float2* out = reinterpret_cast<float2*>(p.out + int64_t{q.row} * p.num_heads * kHeadDim +
-                                                int64_t{q.head} * kHeadDim + 2 * tig);
+        // Two bf16 of adjacent dims in one 32-bit store (2 * tig is even, rows even-aligned).
+        uint32_t* out = reinterpret_cast<uint32_t*>(
+            p.out + int64_t{q.row} * p.num_heads * kHeadDim + int64_t{q.head} * kHeadDim + 2 * tig);
 #pragma unroll
         for (int j = 0; j < L::kDimTiles; ++j) {
-          out[4 * j] =
-              make_float2(__fdiv_rn(t[4 * j].x, row_l[h]), __fdiv_rn(t[4 * j].y, row_l[h]));
+          out[4 * j] = uint32_t{Bf16Bits(__fdiv_rn(t[4 * j].x, row_l[h]))} |
+                       uint32_t{Bf16Bits(__fdiv_rn(t[4 * j].y, row_l[h]))} << 16;
         }
       }
     }

@@ -1,5 +1,3 @@
-#include <cuda_bf16.h>
-
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/elementwise.cuh"
@@ -10,7 +8,7 @@ namespace {
 __global__ void F32ToBF16Kernel(const float* src, int64_t count, uint16_t* dst) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
-    dst[i] = __bfloat16_as_ushort(__float2bfloat16_rn(src[i]));
+    dst[i] = Bf16Bits(src[i]);
   }
 }
 

@@ -1,5 +1,5 @@
 // Element conversions on the device: f32 -> bf16 (round to nearest even, as FloatToBFloat16 and
-// PyTorch round) for Linear's activations; the bias add after a GEMM.
+// PyTorch round) for a Linear given f32 rows; the bias add after a GEMM.
 #ifndef RIDGESERVE_KERNELS_CUDA_CONVERT_H_
 #define RIDGESERVE_KERNELS_CUDA_CONVERT_H_
 

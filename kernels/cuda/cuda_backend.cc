@@ -141,6 +141,7 @@ class CudaBackend final : public Backend {
 
   std::string_view name() const override { return "cuda"; }
   DType DefaultKvCacheDType() const override { return DType::kBF16; }
+  DType ActivationDType() const override { return DType::kBF16; }
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
 
@@ -294,9 +295,9 @@ class CudaBackend final : public Backend {
   }
 
   void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
-               float* out) override {
+               void* out) override {
     SetDevice();
-    cuda::LaunchRmsNorm(x, w, n, dim, eps, out, stream_);
+    cuda::LaunchRmsNorm(x, w, n, dim, eps, static_cast<uint16_t*>(out), stream_);
   }
 
   void RmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
@@ -305,15 +306,23 @@ class CudaBackend final : public Backend {
     cuda::LaunchRmsNormHeads(x, ld, n, num_heads, head_dim, w, eps, stream_);
   }
 
-  void LinearRows(const float* x, int32_t n, const Weight& w, int64_t row_begin, int64_t rows,
+  void LinearRows(LinearInput x, int32_t n, const Weight& w, int64_t row_begin, int64_t rows,
                   const float* bias, float* y) override {
     assert(row_begin >= 0 && row_begin + rows <= w.rows());
+    assert(x.dtype == DType::kF32 || x.dtype == DType::kBF16);
     if (n <= 0 || rows <= 0) return;
     SetDevice();
     const int64_t k = w.cols();
-    const size_t x_elements = static_cast<size_t>(n) * k;
-    Ensure(x_bf16_, sizeof(uint16_t) * x_elements);
-    cuda::LaunchF32ToBF16(x, x_elements, x_bf16_.as<uint16_t>(), stream_);
+    // bf16 rows (an activation op's output) go to the GEMM as they are; f32 rows (the residual
+    // stream: RidgeFill's maps, the leverage test) are rounded here first.
+    const uint16_t* xb = static_cast<const uint16_t*>(x.data);
+    if (x.dtype == DType::kF32) {
+      const size_t x_elements = static_cast<size_t>(n) * k;
+      Ensure(x_bf16_, sizeof(uint16_t) * x_elements);
+      cuda::LaunchF32ToBF16(static_cast<const float*>(x.data), x_elements, x_bf16_.as<uint16_t>(),
+                            stream_);
+      xb = x_bf16_.as<uint16_t>();
+    }
     const uint16_t* wr = Packed(w).data() + row_begin * k;
     // cuBLASLt's algorithms want 16-byte aligned rows of y; otherwise compute into a scratch
     // with padded rows, kPaddedOutputRows at a time, and copy (the same algorithm, so the same
@@ -321,14 +330,14 @@ class CudaBackend final : public Backend {
     // the model's outputs start buffers, so a width that is a multiple of 4 goes direct.
     const bool direct = rows % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
     if (direct) {
-      linear_->Run(x_bf16_.as<uint16_t>(), n, wr, rows, k, y, rows);
+      linear_->Run(xb, n, wr, rows, k, y, rows);
     } else {
       const int64_t ld = cuda::PaddedOutputWidth(rows);
       const int32_t chunk = std::min(n, cuda::kPaddedOutputRows);
       Ensure(y_scratch_, sizeof(float) * static_cast<size_t>(chunk) * ld);
       for (int32_t r = 0; r < n; r += chunk) {
         const int32_t m = std::min(chunk, n - r);
-        linear_->Run(x_bf16_.as<uint16_t>() + r * k, m, wr, rows, k, y_scratch_.as<float>(), ld);
+        linear_->Run(xb + r * k, m, wr, rows, k, y_scratch_.as<float>(), ld);
         CUDA_CHECK(cudaMemcpy2DAsync(y + r * rows, sizeof(float) * rows, y_scratch_.as<void>(),
                                      sizeof(float) * ld, sizeof(float) * rows, m,
                                      cudaMemcpyDeviceToDevice, stream_));
@@ -351,7 +360,7 @@ class CudaBackend final : public Backend {
   }
 
   void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
-                 const AttentionRows& rows, float scale, float* out) override {
+                 const AttentionRows& rows, float scale, void* out) override {
     if (rows.num_rows <= 0) return;
     SetDevice();
     absl::StatusOr<cuda::AttentionPlan> plan =
@@ -375,13 +384,13 @@ class CudaBackend final : public Backend {
     p.block_table_offsets = rows.block_table_offsets;
     p.block_tables = rows.block_tables;
     p.scale = scale;
-    p.out = out;
+    p.out = static_cast<uint16_t*>(out);
     cuda::LaunchAttention(p, *plan, attention_workspace_.as<void>(), stream_);
   }
 
-  void SwiGlu(const float* gate_up, int32_t n, int32_t ff, float* out) override {
+  void SwiGlu(const float* gate_up, int32_t n, int32_t ff, void* out) override {
     SetDevice();
-    cuda::LaunchSwiGlu(gate_up, n, ff, out, stream_);
+    cuda::LaunchSwiGlu(gate_up, n, ff, static_cast<uint16_t*>(out), stream_);
   }
 
   void Add(float* x, const float* y, size_t count) override {
@@ -612,7 +621,7 @@ class CudaBackend final : public Backend {
   uint64_t scratch_generation_ = 0;  // bumped whenever an op's scratch moves
   std::unique_ptr<cuda::CublasLinear> linear_;
   DeviceBuffer gemm_workspace_;       // cuBLASLt's, kGemmWorkspaceBytes
-  DeviceBuffer x_bf16_;               // Linear's activations in bf16
+  DeviceBuffer x_bf16_;               // f32 Linear input rounded to bf16
   DeviceBuffer y_scratch_;            // Linear's output when y's rows are not 16-byte aligned
   DeviceBuffer attention_workspace_;  // split-KV slot states, the tile list
   bool attention_tiles_ = false;      // bf16 caches on the tiles (Init)

@@ -8,8 +8,12 @@
 //     of kPackChunkBytes, one chunk converted while the one before it uploads; bf16 parts are
 //     copied as they are. So a weight holds bf16(DequantizeRow(x)), not the stored value;
 //     UnpackWeight returns that.
-//   - LinearRows: x rounded to bf16 by a kernel, then cuBLASLt bf16 x bf16 -> f32 with f32
-//     accumulation (kernels/cuda/linear.h, including what holds for batch invariance), bias
+//   - ActivationDType is BF16: RmsNorm, SwiGlu and Attention compute in f32 as on the CPU and
+//     store their result rounded to bf16 (nearest even), the GEMM's input with no pass of its
+//     own. The residual stream, the projections' f32 outputs, q/k/v and RoPE stay f32.
+//   - LinearRows: cuBLASLt bf16 x bf16 -> f32 with f32 accumulation (kernels/cuda/linear.h,
+//     including what holds for batch invariance) on bf16 rows as given, or on f32 rows rounded
+//     to bf16 by a kernel first (the same bits an activation op would have stored); the bias is
 //     added in f32 after the product.
 //   - Embed gives the bf16 table row widened to f32 (exact).
 //   - Attention: kernels/cuda/attention_plan.h (a fixed tree per row: batch invariant bitwise).

@@ -1,6 +1,9 @@
-// Launch shape shared by the elementwise kernels (device code: include from .cu files only).
+// Launch shape shared by the elementwise kernels, and the bf16 store of activations (device
+// code: include from .cu files only).
 #ifndef RIDGESERVE_KERNELS_CUDA_ELEMENTWISE_CUH_
 #define RIDGESERVE_KERNELS_CUDA_ELEMENTWISE_CUH_
+
+#include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -15,6 +18,12 @@ inline constexpr int64_t kMaxElementwiseBlocks = 132 * 32;  // H200 SMs x 32 wav
 inline unsigned ElementwiseBlocks(int64_t count) {
   const int64_t blocks = (count + kElementwiseThreads - 1) / kElementwiseThreads;
   return static_cast<unsigned>(std::clamp<int64_t>(blocks, 1, kMaxElementwiseBlocks));
+}
+
+// v rounded to bf16, nearest even (FloatToBFloat16's rounding), as its bits: how an activation
+// op stores its output (Backend::ActivationDType) and how Linear rounds f32 input.
+__device__ inline uint16_t Bf16Bits(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
 
 }  // namespace ridgeserve::cuda

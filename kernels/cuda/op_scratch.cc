@@ -9,10 +9,8 @@ namespace ridgeserve::cuda {
 
 absl::StatusOr<OpScratch> PlanOpScratch(const OpShapes& shapes) {
   OpScratch scratch;
-  int64_t widest_k = 0;
-  for (int64_t k : shapes.linear_ks) widest_k = std::max(widest_k, k);
-  scratch.linear_input_bytes =
-      sizeof(uint16_t) * static_cast<size_t>(shapes.rows) * static_cast<size_t>(widest_k);
+  scratch.linear_input_bytes = sizeof(uint16_t) * static_cast<size_t>(shapes.rows) *
+                               static_cast<size_t>(shapes.f32_linear_k);
   int64_t padded = 0;
   for (int64_t width : shapes.linear_widths) {
     if (width % 4 != 0) padded = std::max(padded, PaddedOutputWidth(width));

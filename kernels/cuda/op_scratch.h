@@ -20,7 +20,7 @@ inline constexpr int32_t kPaddedOutputRows = 256;
 inline int64_t PaddedOutputWidth(int64_t width) { return (width + 3) / 4 * 4; }
 
 struct OpScratch {
-  size_t linear_input_bytes = 0;  // Linear's bf16 copy of its input: rows x the widest k
+  size_t linear_input_bytes = 0;  // Linear's bf16 copy of f32 input: rows x OpShapes::f32_linear_k
   // Linear's padded output: min(rows, kPaddedOutputRows) x the widest padded width among the
   // linear_widths that are not multiples of 4 (0 when all are).
   size_t linear_output_bytes = 0;

@@ -1,4 +1,5 @@
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/rms_norm.h"
 
 namespace ridgeserve::cuda {
@@ -14,10 +15,11 @@ __device__ inline float NormScale(double sum, int32_t dim, float eps) {
   return static_cast<float>(1.0 / sqrt(sum / dim + static_cast<double>(eps)));
 }
 
-__global__ void RmsNormKernel(const float* x, const float* w, int32_t dim, float eps, float* out) {
+__global__ void RmsNormKernel(const float* x, const float* w, int32_t dim, float eps,
+                              uint16_t* out) {
   __shared__ double partial[kRowThreads];
   const float* xr = x + int64_t{blockIdx.x} * dim;
-  float* orow = out + int64_t{blockIdx.x} * dim;
+  uint16_t* orow = out + int64_t{blockIdx.x} * dim;
   double sum = 0.0;
   for (int32_t i = threadIdx.x; i < dim; i += kRowThreads) {
     sum = __dadd_rn(sum, __dmul_rn(double{xr[i]}, double{xr[i]}));
@@ -31,9 +33,8 @@ __global__ void RmsNormKernel(const float* x, const float* w, int32_t dim, float
     __syncthreads();
   }
   const float r = NormScale(partial[0], dim, eps);
-  // Each element is read and written by the same thread, so out may alias x.
   for (int32_t i = threadIdx.x; i < dim; i += kRowThreads) {
-    orow[i] = __fmul_rn(__fmul_rn(xr[i], r), w[i]);
+    orow[i] = Bf16Bits(__fmul_rn(__fmul_rn(xr[i], r), w[i]));
   }
 }
 
@@ -56,7 +57,7 @@ __global__ void RmsNormHeadsKernel(float* x, int32_t ld, int64_t num_items, int3
 
 }  // namespace
 
-void LaunchRmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps, float* out,
+void LaunchRmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps, uint16_t* out,
                    cudaStream_t stream) {
   if (n <= 0) return;
   RmsNormKernel<<<n, kRowThreads, 0, stream>>>(x, w, dim, eps, out);

@@ -1,11 +1,15 @@
 // Batch invariance of the whole forward pass on the default model: a sequence's logits are
 // bitwise the same alone, split into prefill chunks, and batched with other sequences (some
 // prefilling, some decoding). And the contract of filled rows (ForwardBatch::fill_split) with
-// a fill that is not RidgeFill's: rows it sends back to exact run as exact rows.
+// a fill that is not RidgeFill's: rows it sends back to exact run as exact rows. And the model
+// on bf16 activations (the CUDA backend's Backend::ActivationDType), on the CPU.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -14,9 +18,11 @@
 #include "engine/kv/paged_kv_cache.h"
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
 #include "kernels/sample.h"
 #include "tests/engine/decode_steps.h"
 #include "tests/engine/default_model_fixture.h"
+#include "tests/engine/forwarding_backend.h"
 
 namespace ridgeserve {
 namespace {
@@ -406,6 +412,148 @@ TEST_F(ForwardTest, DecodeStepsPaddedToAGraphBucketMatchUnpaddedOnes) {
     EXPECT_TRUE(padded.k == eager.k);
     EXPECT_TRUE(padded.v == eager.v);
   }
+}
+
+// The CPU backend with the CUDA backend's activation type: RmsNorm, SwiGlu and Attention compute
+// in f32 on the CPU and store their results rounded to bf16; Linear widens bf16 rows to f32
+// (exactly) and multiplies them on the CPU. So the model hands its activations over as on CUDA,
+// and a buffer it passed with the wrong type would be read as the wrong bits.
+class Bf16ActivationsBackend final : public testing::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+
+  DType ActivationDType() const override { return DType::kBF16; }
+  void RmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float eps,
+               void* out) override {
+    f32_.resize(size_t(n) * dim);
+    inner_.RmsNorm(x, w, n, dim, eps, f32_.data());
+    StoreBf16(out);
+  }
+  void Attention(const float* q, int32_t ld, int32_t num_heads, const KvLayerView& cache,
+                 const AttentionRows& rows, float scale, void* out) override {
+    f32_.resize(size_t(rows.num_rows) * num_heads * cache.head_dim);
+    inner_.Attention(q, ld, num_heads, cache, rows, scale, f32_.data());
+    StoreBf16(out);
+  }
+  void SwiGlu(const float* gate_up, int32_t n, int32_t ff, void* out) override {
+    f32_.resize(size_t(n) * ff);
+    inner_.SwiGlu(gate_up, n, ff, f32_.data());
+    StoreBf16(out);
+  }
+  void LinearRows(LinearInput x, int32_t n, const Weight& w, int64_t row_begin, int64_t rows,
+                  const float* bias, float* y) override {
+    if (x.dtype == DType::kF32) return inner_.LinearRows(x, n, w, row_begin, rows, bias, y);
+    ASSERT_EQ(x.dtype, DType::kBF16);
+    const uint16_t* bits = static_cast<const uint16_t*>(x.data);
+    wide_.resize(size_t(n) * w.cols());
+    for (size_t i = 0; i < wide_.size(); ++i) {
+      const uint32_t u = uint32_t{bits[i]} << 16;
+      std::memcpy(&wide_[i], &u, sizeof(float));
+    }
+    inner_.LinearRows(wide_.data(), n, w, row_begin, rows, bias, y);
+  }
+
+ private:
+  void StoreBf16(void* out) {
+    ConvertFromFloat(f32_.data(), static_cast<int64_t>(f32_.size()), DType::kBF16,
+                     static_cast<uint8_t*>(out));
+  }
+  std::vector<float> f32_, wide_;
+};
+
+// The default model on bf16 activations against the same model on f32 ones, at every position
+// of an English text: rounding each GEMM input to bf16 (2^-9 of a value) moves the logits by a
+// little (measured below), a buffer handed over with the wrong type by O(10) (its bits read as
+// the other type's: garbage); the top-1 token agrees wherever the f32 top-2 margin exceeds
+// kMargin; and prefilling in chunks gives bitwise the same logits, as on f32.
+TEST_F(ForwardTest, Bf16ActivationsStayCloseToF32AndBatchInvariant) {
+  // Both on the CPU's f32 Linear arithmetic, whatever RIDGESERVE_TEST_ACTIVATIONS asks of the
+  // fixture (int8 would add its own quantization of the activations on both sides).
+  absl::StatusOr<std::unique_ptr<Backend>> cpu =
+      CreateCpuBackendFromEnvironment(0, cpu::Activations::kF32);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  absl::StatusOr<std::unique_ptr<Model>> exact = LoadModel(RIDGESERVE_DEFAULT_MODEL, **cpu);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  Bf16ActivationsBackend bf16(**cpu);
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(RIDGESERVE_DEFAULT_MODEL, bf16);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> tokens = model_->tokenizer->Encode(
+      "The lighthouse keeper climbed the spiral stairs every evening at dusk, carrying a can "
+      "of oil and a small brass key. For thirty years he had trimmed the wick, polished the "
+      "great lens and written the weather into a leather book: wind from the north-west, a "
+      "heavy swell, two fishing boats returning late. When the automatic lamp was installed, "
+      "the harbour board sent him a letter thanking him for his service. He read it twice, "
+      "folded it into the book, and went on climbing the stairs, because the ships still "
+      "passed in the night and someone ought to watch them go by. In winter the storms came "
+      "in from the sea and shook the windows of the tower until the glass sang.",
+      /*add_bos=*/true, /*parse_special=*/false);
+  ASSERT_GT(tokens.size(), size_t{120});
+  const int32_t n = static_cast<int32_t>(tokens.size());
+  const int32_t vocab = model_->config.vocab_size;
+  auto all_logits = [&](LlamaModel& llama, int chunk) {
+    SequenceRunner runner(llama, n);
+    std::vector<float> logits;
+    EXPECT_TRUE(runner.Append(tokens, chunk, /*all_logits=*/true, logits).ok());
+    return logits;
+  };
+  const std::vector<float> f32 = all_logits(*(*exact)->llama, n);
+  const std::vector<float> rounded = all_logits(*(*model)->llama, n);
+  ASSERT_EQ(rounded.size(), size_t(n) * vocab);
+  EXPECT_TRUE(rounded == all_logits(*(*model)->llama, 37)) << "chunked prefill on bf16";
+  constexpr double kMaxAbs = 0.7, kMeanAbs = 0.1, kMargin = 0.5;
+  double worst = 0, sum = 0;
+  int32_t checked = 0, agree = 0;
+  for (int32_t p = 0; p < n; ++p) {
+    const float* a = f32.data() + size_t(p) * vocab;
+    const float* b = rounded.data() + size_t(p) * vocab;
+    for (int32_t v = 0; v < vocab; ++v) {
+      const double d = std::abs(double{a[v]} - b[v]);
+      ASSERT_FALSE(std::isnan(d)) << "position " << p;
+      worst = std::max(worst, d);
+      sum += d;
+    }
+    std::vector<float> row(a, a + vocab);
+    std::partial_sort(row.begin(), row.begin() + 2, row.end(), std::greater<>());
+    if (row[0] - row[1] <= kMargin) continue;
+    ++checked;
+    const int32_t top = static_cast<int32_t>(std::max_element(a, a + vocab) - a);
+    agree += top == static_cast<int32_t>(std::max_element(b, b + vocab) - b);
+  }
+  const double mean = sum / (double(n) * vocab);
+  std::printf(
+      "[ measured ] bf16 vs f32 activations, %d positions: max |d| %.4f, mean |d| %.5f, "
+      "top-1 agrees at %d of %d positions with a margin over %.1f\n",
+      n, worst, mean, agree, checked, kMargin);
+  EXPECT_GT(worst, 0.0) << "the activations were not rounded";
+  EXPECT_LE(worst, kMaxAbs);
+  EXPECT_LE(mean, kMeanAbs);
+  EXPECT_GT(checked, n / 4);
+  EXPECT_EQ(agree, checked);
+
+  // Filled rows (a fill writing their K/V from h_s through the layer's own norm and projection,
+  // StoreKvFromInput) on bf16 activations: the last row, which attends to their K/V, stays as
+  // close to the same fill on f32.
+  std::vector<uint8_t> filled(tokens.size(), 0);
+  std::fill(filled.begin() + 4, filled.end() - 4, uint8_t{1});
+  const IdentityFill keep(0);
+  const RidgeFillRun fill{10, filled, &keep};
+  auto last_filled = [&](LlamaModel& llama) {
+    SequenceRunner runner(llama, n);
+    std::vector<float> logits;
+    EXPECT_TRUE(runner.Append(tokens, n, /*all_logits=*/false, logits, &fill).ok());
+    return logits;
+  };
+  const std::vector<float> filled_f32 = last_filled(*(*exact)->llama);
+  const std::vector<float> filled_bf16 = last_filled(*(*model)->llama);
+  ASSERT_EQ(filled_f32.size(), size_t(vocab));
+  EXPECT_NE(filled_f32, std::vector<float>(f32.end() - vocab, f32.end()));  // the fill ran
+  double filled_worst = 0;
+  for (int32_t v = 0; v < vocab; ++v) {
+    filled_worst = std::max(filled_worst, std::abs(double{filled_f32[v]} - filled_bf16[v]));
+  }
+  std::printf("[ measured ] with %d filled rows, the last row: max |d| %.4f\n", n - 8,
+              filled_worst);
+  EXPECT_LE(filled_worst, kMaxAbs);
 }
 
 }  // namespace

@@ -134,11 +134,13 @@ OpScratch Planned(const OpShapes& shapes) {
 }
 
 // The ops' scratch Backend::ReserveOps allocates and the memory plan counts, from the shape:
-// Llama-3.1-8B at 2048 rows (the widest Linear input is the MLP's 14,336 features; every
-// output width is a multiple of 4, so no padded output).
+// Llama-3.1-8B at 2048 rows (f32 Linear inputs, whose bf16 copy is scratch, are the hidden
+// state's 4096 features: the MLP's 14,336 come as bf16 already; every output width is a multiple
+// of 4, so no padded output).
 TEST(OpScratchTest, LinearInputAndTheLargestAttentionWorkspace) {
   const OpShapes bf16{.rows = 2048,
                       .linear_ks = {4096, 4096, 14336},
+                      .f32_linear_k = 4096,
                       .linear_widths = {6144, 4096, 28672, 128256, 2048},
                       .num_heads = 32,
                       .num_kv_heads = 8,
@@ -146,7 +148,7 @@ TEST(OpScratchTest, LinearInputAndTheLargestAttentionWorkspace) {
                       .kv_dtype = DType::kBF16};
   absl::StatusOr<OpScratch> ops = PlanOpScratch(bf16);
   ASSERT_TRUE(ops.ok()) << ops.status();
-  EXPECT_EQ(ops->linear_input_bytes, size_t{2048} * 14336 * 2);
+  EXPECT_EQ(ops->linear_input_bytes, size_t{2048} * 4096 * 2);
   EXPECT_EQ(ops->linear_output_bytes, 0u);
   // The split form at 128 rows (states, then its tile list) outweighs the walker's list alone.
   const size_t states = sizeof(float) * 128 * 32 * kSplitSlots * (2 + 128);

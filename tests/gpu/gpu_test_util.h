@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,27 @@ std::vector<T> Download(Backend& backend, const DeviceBuffer& buffer, size_t n) 
   std::vector<T> v(n);
   if (n > 0) backend.CopyToHost(v.data(), buffer.as<void>(), sizeof(T) * n);
   return v;
+}
+
+// `n` elements of an activation op's output (RmsNorm, SwiGlu, Attention) from `backend`'s
+// memory as floats: its Backend::ActivationDType, f32 or bf16 (widened exactly).
+inline std::vector<float> DownloadActivations(Backend& backend, const DeviceBuffer& buffer,
+                                              size_t n) {
+  if (backend.ActivationDType() == DType::kF32) return Download<float>(backend, buffer, n);
+  EXPECT_EQ(backend.ActivationDType(), DType::kBF16);
+  const std::vector<uint16_t> bits = Download<uint16_t>(backend, buffer, n);
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t wide = uint32_t{bits[i]} << 16;
+    std::memcpy(&v[i], &wide, sizeof(float));
+  }
+  return v;
+}
+
+// Room for `n` activation op outputs, each reading as NaN until written (all bits set is a NaN
+// in f32 and in bf16).
+inline DeviceBuffer UnwrittenActivations(Backend& backend, size_t n) {
+  return Upload(backend, std::vector<uint8_t>(sizeof(float) * n, 0xFF));
 }
 
 // Infinite where either side holds a NaN (an output left unwritten reads as one where a test

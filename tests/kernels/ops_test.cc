@@ -50,16 +50,16 @@ class CountingBackend final : public Backend {
     return absl::OkStatus();
   }
   void Embed(const Weight&, int64_t, const int32_t*, int32_t, float*) override {}
-  void RmsNorm(const float*, const float*, int32_t, int32_t, float, float*) override {}
+  void RmsNorm(const float*, const float*, int32_t, int32_t, float, void*) override {}
   void RmsNormHeads(float*, int32_t, int32_t, int32_t, int32_t, const float*, float) override {}
-  void LinearRows(const float*, int32_t, const Weight&, int64_t, int64_t, const float*,
+  void LinearRows(LinearInput, int32_t, const Weight&, int64_t, int64_t, const float*,
                   float*) override {}
   void Rope(float*, int32_t, int32_t, int32_t, int32_t, const int32_t*, const float*) override {}
   void StoreKv(const KvLayerView&, const float*, const float*, int32_t, int32_t,
                const int32_t*) override {}
   void Attention(const float*, int32_t, int32_t, const KvLayerView&, const AttentionRows&, float,
-                 float*) override {}
-  void SwiGlu(const float*, int32_t, int32_t, float*) override {}
+                 void*) override {}
+  void SwiGlu(const float*, int32_t, int32_t, void*) override {}
   void Add(float*, const float*, size_t) override {}
   void GatherRows(const float*, int32_t, const int32_t*, int32_t, float*) override {}
   void ShiftedRowDots(const float*, const float*, const float*, int32_t, int32_t,

@@ -170,6 +170,7 @@ TEST(PlanShardTest, StepOpShapesAreTheRanksLinearsAndHeads) {
     EXPECT_EQ(ops.rows, 512);
     // Hidden, the rank's 192 query and 512 MLP features.
     EXPECT_EQ(ops.linear_ks, (std::vector<int64_t>{576, 192, 512}));
+    EXPECT_EQ(ops.f32_linear_k, 576);  // the residual stream (RidgeFill), whole on every rank
     // QKV (3 + 2 heads), O and down, gate-up, the LM head slice, RidgeFill's K/V.
     EXPECT_EQ(ops.linear_widths, (std::vector<int64_t>{320, 576, 1024, r == 0 ? 334 : 332, 128}));
     EXPECT_EQ(ops.num_heads, 3);
