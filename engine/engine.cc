@@ -511,12 +511,6 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
       --l.filled_prompt_tokens;
     }
   }
-  for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
-    if (filled_in_chunk[i] == 0) continue;
-    Live& l = live.at(plan.chunks[i].request->id);
-    l.estimated_saved_seconds +=
-        filled_in_chunk[i] * profile.SavedSecondsPerRow(l.split_layer, model.config.num_layers);
-  }
   std::vector<int32_t> sampled(plan.chunks.size(), -1);
   std::vector<float> logprobs(plan.chunks.size(), 0.0f);
   // ScoringRequest::capture: each sampled token's -log p, and the first token's distribution.
@@ -602,6 +596,13 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     status = head.SampleLogits(specs, penalty_ids, results.data());
     if (status.ok()) status = head.CopyLogits(host_rows, host_logits.data());
     forward_seconds += Seconds(sample_start, Clock::now());
+  }
+  // The profile's time marks, read once the step's work is done (sampling waited for it).
+  for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
+    if (filled_in_chunk[i] == 0) continue;
+    Live& l = live.at(plan.chunks[i].request->id);
+    l.estimated_saved_seconds +=
+        filled_in_chunk[i] * profile.SavedSecondsPerRow(l.split_layer, model.config.num_layers);
   }
   for (size_t j = 0; status.ok() && j < on_backend.size(); ++j) on_backend[j]->result = results[j];
   for (size_t j = 0; status.ok() && j < on_host.size(); ++j) {

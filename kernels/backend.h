@@ -14,6 +14,7 @@
 #ifndef RIDGESERVE_KERNELS_BACKEND_H_
 #define RIDGESERVE_KERNELS_BACKEND_H_
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -285,6 +286,23 @@ class Backend {
   // hold their values again on return (the CPU penalizes in place and undoes it).
   virtual void Sample(float* logits, int32_t vocab, std::span<const SampleSpec> specs,
                       std::span<const int32_t> penalty_ids, SampledToken* out) = 0;
+  // --- timing ---------------------------------------------------------------------------
+  // Time marks in the queued work, to time a part of a step without waiting for it (the
+  // RidgeFill profile). MarkTime notes the point after every op queued so far and returns its
+  // number (counted from the last ResetTimeMarks); SecondsBetween(a, b) waits until the work
+  // before mark b has run and gives the seconds from a to b. This default is the wall clock
+  // after Synchronize (the CPU's ops have run by the time they return); CUDA records events on
+  // its stream instead, so a mark costs no wait.
+  virtual void ResetTimeMarks() { time_marks_.clear(); }
+  virtual int32_t MarkTime() {
+    Synchronize();
+    time_marks_.push_back(std::chrono::steady_clock::now());
+    return static_cast<int32_t>(time_marks_.size()) - 1;
+  }
+  virtual double SecondsBetween(int32_t a, int32_t b) {
+    return std::chrono::duration<double>(time_marks_.at(b) - time_marks_.at(a)).count();
+  }
+
   // --- graphs ---------------------------------------------------------------------------
   // Whether Record works (CUDA: yes; the CPU runs every step as it comes).
   virtual bool SupportsGraphs() const { return false; }
@@ -318,6 +336,9 @@ class Backend {
     (void)penalty_ids;
     return absl::OkStatus();
   }
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> time_marks_;  // the default MarkTime's
 };
 
 // A --kv_cache_dtype value: "auto" (the backend's default) or one ParseKvCacheDType takes.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <chrono>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -164,7 +163,11 @@ absl::Status LlamaModel::UploadStepMeta(const ForwardBatch& batch) {
 double ForwardProfile::SavedSecondsPerRow(int32_t split_layer, int32_t num_layers) const {
   for (const Fill& f : fills) {
     if (f.split_layer != split_layer || f.rows == 0) continue;
-    return (num_layers - 1 - split_layer) * full_layer_row_seconds - f.seconds / f.rows;
+    double fill_seconds = 0;
+    for (const auto& [begin, end] : f.spans) fill_seconds += clock->SecondsBetween(begin, end);
+    const double full_layer_row_seconds =
+        clock->SecondsBetween(full.first, full.second) / full_row_layers;
+    return (num_layers - 1 - split_layer) * full_layer_row_seconds - fill_seconds / f.rows;
   }
   return 0;
 }
@@ -409,23 +412,19 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
       backend_.CopyToHost(out.data(), x_.as<float>(), sizeof(float) * out.size());
     }
   };
-  // Profiling (filled rows only): layers 0..lowest split run every row in full and nothing
-  // else (no group fills or promotes there), timed as one span: two synchronizations on a
-  // device, not two a layer.
+  // Profiling (filled rows only), with time marks in the queued work: layers 0..lowest split
+  // run every row in full and nothing else (no group fills or promotes there), one span; each
+  // group's K/V writes a span a layer.
   std::vector<FillGroup>& groups = plan.groups;
   const bool timed = profile != nullptr && any_fill;
   const int32_t lowest_split = any_fill ? groups.back().split : -1;
-  std::vector<double> fill_seconds(groups.size(), 0.0);
-  double full_seconds = 0;
-  auto Now = [&] {
-    backend_.Synchronize();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-  };
+  std::vector<std::vector<ForwardProfile::Span>> fill_spans(groups.size());
+  ForwardProfile::Span full_span;
+  if (timed) backend_.ResetTimeMarks();
 
   RS_RETURN_IF_ERROR(EmbedRows(n));
   for (int32_t l = 0; l < num_layers; ++l) {
-    if (timed && l == 0) full_seconds -= Now();
+    if (timed && l == 0) full_span.first = backend_.MarkTime();
     capture_at(l);
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       if (groups[gi].split + 1 == l) RS_RETURN_IF_ERROR(PromoteRows(gi, plan, profile));
@@ -442,22 +441,25 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
         continue;
       }
       if (g.count == 0) continue;
-      if (timed) fill_seconds[gi] -= Now();
+      const int32_t begin = timed ? backend_.MarkTime() : 0;
       g.fill->WriteKv(*this, l, RowsOf(g), kv);
-      if (timed) fill_seconds[gi] += Now();
+      if (timed) fill_spans[gi].emplace_back(begin, backend_.MarkTime());
     }
     if (na > 0) RS_RETURN_IF_ERROR(RunFullLayer(l, na, kv, capture, query_rows));
-    if (timed && l == lowest_split) full_seconds += Now();
+    if (timed && l == lowest_split) full_span.second = backend_.MarkTime();
   }
   if (timed) {
-    profile->full_layer_row_seconds = full_seconds / (static_cast<double>(lowest_split + 1) * n);
+    profile->clock = &backend_;
+    profile->full = full_span;
+    profile->full_row_layers = static_cast<double>(lowest_split + 1) * n;
     // One entry per split: groups of one split (several fills) are summed.
     for (size_t i = 0; i < groups.size(); ++i) {
       if (i == 0 || groups[i].split != groups[i - 1].split) {
-        profile->fills.push_back({groups[i].split, 0, 0});
+        profile->fills.push_back({groups[i].split, 0, {}});
       }
       profile->fills.back().rows += groups[i].count;
-      profile->fills.back().seconds += fill_seconds[i];
+      profile->fills.back().spans.insert(profile->fills.back().spans.end(), fill_spans[i].begin(),
+                                         fill_spans[i].end());
     }
   }
   capture_at(num_layers);

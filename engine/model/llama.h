@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -119,15 +120,20 @@ struct ForwardCapture {
 // What one Forward with filled rows measured, for RidgeFill's TTFT-saved estimate (DESIGN.md:
 // savings are measured, not assumed). The layers every row runs in full (0..lowest split) are
 // timed, giving the cost of one row through one full layer at this batch's positions; the
-// fill work above each split is timed separately.
+// fill work above each split is timed separately. The times are marks in the backend's queued
+// work (Backend::MarkTime), so taking them does not wait for a device inside the layer loop;
+// reading them (SavedSecondsPerRow) waits for the step's work, so read after the step.
 struct ForwardProfile {
+  using Span = std::pair<int32_t, int32_t>;  // the time marks at its start and end
   struct Fill {
     int32_t split_layer = 0;
     int32_t rows = 0;
-    double seconds = 0;  // writing these rows' K/V in layers > split
+    std::vector<Span> spans;  // writing these rows' K/V in layers > split
   };
-  double full_layer_row_seconds = 0;  // mean seconds of one row through one full layer
-  std::vector<Fill> fills;            // one per split present in the batch (rows still filled)
+  Backend* clock = nullptr;    // whose time marks these are
+  Span full;                   // layers 0..lowest split, every row in full
+  double full_row_layers = 0;  // rows x layers of `full`
+  std::vector<Fill> fills;     // one per split present in the batch (rows still filled)
   // Filled rows their fill sent back to exact (RowFill::SelectExactRows; RidgeFill's leverage
   // test), as input batch row indices. Not counted in `fills`.
   std::vector<int32_t> promoted_rows;

@@ -107,6 +107,7 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t event : pack_uploaded_) {
       if (event != nullptr) cudaEventDestroy(event);
     }
+    for (cudaEvent_t event : time_marks_) cudaEventDestroy(event);
     if (sample_host_ != nullptr) cudaFreeHost(sample_host_);
     cudaStreamDestroy(stream_);
   }
@@ -188,6 +189,26 @@ class CudaBackend final : public Backend {
   void Synchronize() override {
     SetDevice();
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  // Time marks are events recorded on the stream, made on first need and reused.
+  void ResetTimeMarks() override { time_marks_used_ = 0; }
+  int32_t MarkTime() override {
+    SetDevice();
+    if (time_marks_used_ == time_marks_.size()) {
+      cudaEvent_t event;
+      CUDA_CHECK(cudaEventCreate(&event));
+      time_marks_.push_back(event);
+    }
+    CUDA_CHECK(cudaEventRecord(time_marks_[time_marks_used_], stream_));
+    return static_cast<int32_t>(time_marks_used_++);
+  }
+  double SecondsBetween(int32_t a, int32_t b) override {
+    SetDevice();
+    CUDA_CHECK(cudaEventSynchronize(time_marks_.at(b)));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, time_marks_.at(a), time_marks_.at(b)));
+    return 1e-3 * ms;
   }
 
   absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) override {
@@ -628,7 +649,9 @@ class CudaBackend final : public Backend {
   uint16_t* pack_host_ = nullptr;     // PackWeight's bf16 rows (pinned), in two halves
   size_t pack_host_elements_ = 0;
   cudaEvent_t pack_uploaded_[2] = {nullptr, nullptr};  // each half's last upload
-  size_t sample_bitmap_limit_ = 0;                     // the sampling kernels' shared memory (Init)
+  std::vector<cudaEvent_t> time_marks_;  // MarkTime's events; the first time_marks_used_ in use
+  size_t time_marks_used_ = 0;
+  size_t sample_bitmap_limit_ = 0;  // the sampling kernels' shared memory (Init)
   // Sample's: the upload (pinned on the host, and on the device), keys, sort storage, tokens.
   uint8_t* sample_host_ = nullptr;
   size_t sample_host_bytes_ = 0;

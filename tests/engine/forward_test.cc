@@ -204,6 +204,58 @@ TEST_F(ForwardTest, FilledRowsSentBackToExactRunAsExactRows) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The RidgeFill profile takes its times as marks in the queued work (Backend::MarkTime), so a
+// forward pass with filled rows does not wait for the backend inside its layer loop: on a
+// backend whose marks, like CUDA's events, do not synchronize, no Synchronize or CopyToHost falls
+// between the first mark and the last (before time marks, each fill span synchronized twice a
+// layer), and the estimate read after the step comes from those marks.
+TEST_F(ForwardTest, AProfiledForwardWithFilledRowsDoesNotWaitInsideTheLayerLoop) {
+  class QueueClock final : public testing::ForwardingBackend {
+   public:
+    using ForwardingBackend::ForwardingBackend;
+    void Synchronize() override {
+      ++waits;
+      inner_.Synchronize();
+    }
+    void CopyToHost(void* dst, const void* src, size_t bytes) override {
+      ++waits;
+      inner_.CopyToHost(dst, src, bytes);
+    }
+    void ResetTimeMarks() override { waits_at_mark.clear(); }
+    int32_t MarkTime() override {
+      waits_at_mark.push_back(waits);
+      return static_cast<int32_t>(waits_at_mark.size()) - 1;
+    }
+    // One millisecond per mark between them: a stand-in for device time.
+    double SecondsBetween(int32_t a, int32_t b) override { return 1e-3 * (b - a); }
+
+    int waits = 0;
+    std::vector<int> waits_at_mark;
+  };
+  QueueClock backend(*backend_);
+  absl::StatusOr<std::unique_ptr<Model>> model = LoadModel(RIDGESERVE_DEFAULT_MODEL, backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<int32_t> tokens = RandomTokens(64, 7);
+  std::vector<uint8_t> rows(tokens.size(), 0);
+  std::fill(rows.begin() + 4, rows.end() - 4, uint8_t{1});
+  const IdentityFill keep(0);
+  const int32_t split = 10;
+  const RidgeFillRun fill{split, rows, &keep};
+  SequenceRunner runner(*(*model)->llama, static_cast<int32_t>(tokens.size()));
+  std::vector<float> logits;
+  ASSERT_TRUE(runner.Append(tokens, 64, false, logits, &fill).ok());
+  // The full span (2 marks) and a span a layer above the split.
+  const int32_t layers = (*model)->config.num_layers;
+  ASSERT_EQ(backend.waits_at_mark.size(), size_t(2 + 2 * (layers - 1 - split)));
+  EXPECT_EQ(backend.waits_at_mark.front(), backend.waits_at_mark.back());
+  // What the estimate makes of these marks: marks 0 and 1 bound layers 0..10 of the 64 rows
+  // (1 ms over 704 row-layers), and each of the 19 fill spans (marks 2k, 2k + 1) is 1 ms for the
+  // 56 filled rows, which skipped 19 full layers each.
+  const int32_t above = layers - 1 - split, filled = 56;
+  const double per_row = above * (1e-3 / ((split + 1) * 64.0)) - above * 1e-3 / filled;
+  EXPECT_NEAR(runner.estimated_saved_seconds(), filled * per_row, 1e-15);
+}
+
 // Residual capture in a batch with filled rows (online calibration takes exact requests' rows
 // from such batches): the states hold the rows exact from the start, in batch order, and each is
 // bitwise what the same sequence gives in a batch of its own; promoted rows are not among them.

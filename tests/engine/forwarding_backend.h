@@ -32,6 +32,9 @@ class ForwardingBackend : public Backend {
   }
   void Synchronize() override { inner_.Synchronize(); }
   std::optional<DeviceMemory> MemoryInfo() override { return inner_.MemoryInfo(); }
+  void ResetTimeMarks() override { inner_.ResetTimeMarks(); }
+  int32_t MarkTime() override { return inner_.MarkTime(); }
+  double SecondsBetween(int32_t a, int32_t b) override { return inner_.SecondsBetween(a, b); }
   absl::StatusOr<Weight> PackWeight(std::span<const HostTensor> parts) override {
     return inner_.PackWeight(parts);
   }

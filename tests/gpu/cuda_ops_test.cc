@@ -3,6 +3,7 @@
 // the batch invariance of Linear and Attention on the device (a row alone vs in a batch).
 // Skipped (not passed) without a GPU.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -430,6 +431,37 @@ TEST_F(CudaOpsTest, LinearOnBf16RowsEqualsLinearOnTheirF32Values) {
     ASSERT_TRUE(std::all_of(y[1].begin(), y[1].end(), [](float v) { return std::isfinite(v); }));
     EXPECT_EQ(FirstBitDifference(y[0].data(), y[1].data(), y[0].size()), -1);
   }
+}
+
+// Time marks are events on the stream (the RidgeFill profile's clock): marking does not wait
+// for the device. 100 GEMMs of [2048, 4096] x [4096, 4096] (about 7 TFLOP) are queued between two
+// marks; the host returns from queuing and marking in much less than the device time the marks
+// measure.
+TEST_F(CudaOpsTest, TimeMarksDoNotWaitForTheDevice) {
+  const int32_t n = 2048, k = 4096;
+  const auto w = RandomFloats(size_t(k) * k, 70);
+  const HostTensor t = F32Tensor(w, k, k);
+  absl::StatusOr<Weight> pw = cuda_->PackWeight({&t, 1});
+  ASSERT_TRUE(pw.ok()) << pw.status();
+  DeviceBuffer x = Upload(*cuda_, Bf16Bits(RandomFloats(size_t(n) * k, 71)));
+  DeviceBuffer y = Upload(*cuda_, std::vector<float>(size_t(n) * k));
+  const LinearInput in(x.as<void>(), DType::kBF16);
+  cuda_->Linear(in, n, *pw, nullptr, y.as<float>());  // the GEMM's algorithm chosen, warm
+  cuda_->Synchronize();
+  cuda_->ResetTimeMarks();
+  const auto start = std::chrono::steady_clock::now();
+  const int32_t a = cuda_->MarkTime();
+  for (int i = 0; i < 100; ++i) cuda_->Linear(in, n, *pw, nullptr, y.as<float>());
+  const int32_t b = cuda_->MarkTime();
+  const double host =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double device = cuda_->SecondsBetween(a, b);
+  std::printf(
+      "[ measured ] 100 GEMMs: %.3f ms on the device between the marks, %.3f ms on the "
+      "host to queue and mark them\n",
+      1e3 * device, 1e3 * host);
+  EXPECT_GT(device, 2 * host);
+  EXPECT_EQ(cuda_->MarkTime(), 2);
 }
 
 // `linear(start, n, y)` computes rows [start, start + n) of some x into y [n, width]. Runs it

@@ -1,5 +1,6 @@
 // CPU backend: memory, copies and every op except Linear and Attention (own files), each
 // against a naive double-precision reference written here.
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -7,6 +8,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -90,6 +92,26 @@ TEST(DeviceBufferTest, FreesExactlyOnceThroughMoves) {
     EXPECT_NE(c.as<void>(), nullptr);
   }
   EXPECT_EQ(backend.frees, 2);
+}
+
+// The default time marks (the CPU's): the wall clock when MarkTime returns, after the backend
+// synchronizes; numbered from 0 after each ResetTimeMarks.
+TEST(CpuTimeMarksTest, SecondsBetweenMarksAreTheWallClockBetweenThem) {
+  auto backend = CreateCpuBackend(1);
+  backend->ResetTimeMarks();
+  const int32_t a = backend->MarkTime();
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const int32_t b = backend->MarkTime();
+  const int32_t c = backend->MarkTime();
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 1);
+  EXPECT_EQ(c, 2);
+  EXPECT_GE(backend->SecondsBetween(a, b), 0.03);
+  EXPECT_LT(backend->SecondsBetween(a, b), 30.0);
+  EXPECT_GE(backend->SecondsBetween(b, c), 0.0);
+  EXPECT_LT(backend->SecondsBetween(b, c), backend->SecondsBetween(a, b));
+  backend->ResetTimeMarks();
+  EXPECT_EQ(backend->MarkTime(), 0);
 }
 
 TEST(CpuMemoryTest, AllocFailureIsAnError) {
