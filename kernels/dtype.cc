@@ -46,23 +46,6 @@ uint32_t LoadU32(const uint8_t* p) {
 
 }  // namespace
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1Fu;
-  const uint32_t mantissa = h & 0x3FFu;
-  uint32_t bits;
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24 is exact in f32.
-    const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    bits = sign | std::bit_cast<uint32_t>(magnitude);
-  } else if (exponent == 0x1F) {
-    bits = sign | 0x7F800000u | (mantissa << 13);
-  } else {
-    bits = sign | ((exponent + (127 - 15)) << 23) | (mantissa << 13);
-  }
-  return std::bit_cast<float>(bits);
-}
-
 uint16_t FloatToHalf(float f) {
   const uint32_t bits = std::bit_cast<uint32_t>(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);

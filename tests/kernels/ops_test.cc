@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <random>
 #include <string>
 #include <thread>
@@ -496,6 +497,31 @@ TEST(DTypeTest, DequantizeRowsToBf16IsEachRowRoundedAtAnyThreadCount) {
   const absl::Status partial = DequantizeRowsToBf16(DType::kQ4_K, row, 144, 1, 200, out, 1);
   EXPECT_EQ(partial.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(partial.message()), ::testing::HasSubstr("200"));
+}
+
+// HalfToFloat and DequantizeRow's F16 rows (a vectorized loop over it where the compiler can)
+// against GCC's _Float16 widening at every one of the 65,536 f16 values: the same bits, and a NaN
+// keeps its payload (the f16 mantissa in the f32 mantissa's top bits; the sign too).
+TEST(DTypeTest, HalfToFloatIsExactForEveryHalf) {
+  std::vector<uint16_t> all(0x10000);
+  std::iota(all.begin(), all.end(), uint16_t{0});
+  std::vector<float> row(all.size());
+  ASSERT_TRUE(DequantizeRow(DType::kF16, reinterpret_cast<const uint8_t*>(all.data()),
+                            static_cast<int64_t>(all.size()), row.data())
+                  .ok());
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    _Float16 x16;
+    std::memcpy(&x16, &all[h], sizeof(x16));
+    const float want = static_cast<float>(x16);
+    uint32_t want_bits;
+    std::memcpy(&want_bits, &want, sizeof(want_bits));
+    if (std::isnan(want)) want_bits = ((h & 0x8000u) << 16) | 0x7F800000u | ((h & 0x3FFu) << 13);
+    for (const float got : {HalfToFloat(static_cast<uint16_t>(h)), row[h]}) {
+      uint32_t bits;
+      std::memcpy(&bits, &got, sizeof(bits));
+      ASSERT_EQ(bits, want_bits) << "f16 bits 0x" << std::hex << h;
+    }
+  }
 }
 
 // FloatToHalf / FloatToBFloat16 (the KV cache's rounding) against the test's reference
