@@ -597,13 +597,16 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     if (status.ok()) status = head.CopyLogits(host_rows, host_logits.data());
     forward_seconds += Seconds(sample_start, Clock::now());
   }
-  // The profile's time marks, read once the step's work is done (sampling waited for it).
+  // The profile's time marks, read after sampling. Reading waits for the step's work where
+  // sampling did not (a prefill chunk samples nothing): forward time, not the engine thread's.
+  const Clock::time_point read_start = Clock::now();
   for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
     if (filled_in_chunk[i] == 0) continue;
     Live& l = live.at(plan.chunks[i].request->id);
     l.estimated_saved_seconds +=
         filled_in_chunk[i] * profile.SavedSecondsPerRow(l.split_layer, model.config.num_layers);
   }
+  forward_seconds += Seconds(read_start, Clock::now());
   for (size_t j = 0; status.ok() && j < on_backend.size(); ++j) on_backend[j]->result = results[j];
   for (size_t j = 0; status.ok() && j < on_host.size(); ++j) {
     Draw& d = *on_host[j];

@@ -244,9 +244,9 @@ class LlamaModel {
   // fill that CheckSplit accepts, and num_layers is not supported (InvalidArgument). Exact
   // rows' results are bitwise those of the plain path, and a filled row the fill sends back
   // to exact (SelectExactRows) runs as an exact row.
-  // With `profile` and filled rows, layers are timed (the backend is synchronized around layers
-  // 0..lowest split as one span, then around each group's fill in each layer above it) and the
-  // profile is filled; without filled rows the profile is left empty.
+  // With `profile` and filled rows, layers are timed with time marks (Backend::MarkTime: layers
+  // 0..lowest split as one span, then each group's fill in each layer above it) and the profile
+  // is filled; without filled rows the profile is left empty.
   absl::Status Run(const ForwardBatch& batch, PagedKvCache& cache,
                    ForwardCapture* capture = nullptr, ForwardProfile* profile = nullptr);
   // What Run checks of a step (without a capture) before it runs anything: the batch, the

@@ -110,7 +110,6 @@ TEST(CpuTimeMarksTest, SecondsBetweenMarksAreTheWallClockBetweenThem) {
   EXPECT_GE(backend->SecondsBetween(a, b), 0.03);
   EXPECT_LT(backend->SecondsBetween(a, b), 30.0);
   EXPECT_GE(backend->SecondsBetween(b, c), 0.0);
-  EXPECT_LT(backend->SecondsBetween(b, c), backend->SecondsBetween(a, b));
   backend->ResetTimeMarks();
   EXPECT_EQ(backend->MarkTime(), 0);
 }
