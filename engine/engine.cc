@@ -600,6 +600,7 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
   // The profile's time marks, read after sampling. Reading waits for the step's work where
   // sampling did not (a prefill chunk samples nothing): forward time, not the engine thread's.
   const Clock::time_point read_start = Clock::now();
+  if (status.ok()) profile.ReadTimes();
   for (size_t i = 0; status.ok() && i < plan.chunks.size(); ++i) {
     if (filled_in_chunk[i] == 0) continue;
     Live& l = live.at(plan.chunks[i].request->id);

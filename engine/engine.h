@@ -70,7 +70,8 @@ struct EngineOptions {
 };
 
 // OK for EngineOptions::step_timeout_seconds 0 (no limit) or in [0.001, 1e6] seconds (a
-// shorter one would wake the watchdog without end; a longer one overflows its deadline), else
+// shorter one would break the engine at its first step, a typo rather than a limit; the upper
+// bound, 11.6 days, keeps out infinity and NaN, whose deadlines overflow), else
 // InvalidArgument saying so (the server names its flag before it).
 absl::Status CheckStepTimeout(double seconds);
 

@@ -160,14 +160,19 @@ absl::Status LlamaModel::UploadStepMeta(const ForwardBatch& batch) {
   return absl::OkStatus();
 }
 
+void ForwardProfile::ReadTimes() {
+  if (clock == nullptr) return;  // no filled rows, or read already
+  full_layer_row_seconds = clock->SecondsBetween(full.first, full.second) / full_row_layers;
+  for (Fill& f : fills) {
+    for (const auto& [begin, end] : f.spans) f.seconds += clock->SecondsBetween(begin, end);
+  }
+  clock = nullptr;
+}
+
 double ForwardProfile::SavedSecondsPerRow(int32_t split_layer, int32_t num_layers) const {
   for (const Fill& f : fills) {
     if (f.split_layer != split_layer || f.rows == 0) continue;
-    double fill_seconds = 0;
-    for (const auto& [begin, end] : f.spans) fill_seconds += clock->SecondsBetween(begin, end);
-    const double full_layer_row_seconds =
-        clock->SecondsBetween(full.first, full.second) / full_row_layers;
-    return (num_layers - 1 - split_layer) * full_layer_row_seconds - fill_seconds / f.rows;
+    return (num_layers - 1 - split_layer) * full_layer_row_seconds - f.seconds / f.rows;
   }
   return 0;
 }
@@ -383,7 +388,8 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
   if (RunsOnGraph(input, num_layers, capture)) {
     return RunDecodeGraph(
         input, cache,
-        *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), input.num_rows()));
+        *std::lower_bound(graph_buckets_.begin(), graph_buckets_.end(), input.num_rows()),
+        /*may_record=*/comm_ == nullptr);
   }
   RowPlan plan;
   RS_RETURN_IF_ERROR(PlanRows(input, num_layers, capture, plan));
@@ -414,17 +420,24 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
   };
   // Profiling (filled rows only), with time marks in the queued work: layers 0..lowest split
   // run every row in full and nothing else (no group fills or promotes there), one span; each
-  // group's K/V writes a span a layer.
+  // group's K/V writes a span a layer, in its split's entry (groups of one split are adjacent).
   std::vector<FillGroup>& groups = plan.groups;
   const bool timed = profile != nullptr && any_fill;
   const int32_t lowest_split = any_fill ? groups.back().split : -1;
-  std::vector<std::vector<ForwardProfile::Span>> fill_spans(groups.size());
-  ForwardProfile::Span full_span;
-  if (timed) backend_.ResetTimeMarks();
+  std::vector<size_t> fill_of(groups.size());  // each group's entry in profile->fills
+  if (timed) {
+    backend_.ResetTimeMarks();
+    for (size_t i = 0; i < groups.size(); ++i) {
+      if (i == 0 || groups[i].split != groups[i - 1].split) {
+        profile->fills.emplace_back().split_layer = groups[i].split;
+      }
+      fill_of[i] = profile->fills.size() - 1;
+    }
+  }
 
   RS_RETURN_IF_ERROR(EmbedRows(n));
   for (int32_t l = 0; l < num_layers; ++l) {
-    if (timed && l == 0) full_span.first = backend_.MarkTime();
+    if (timed && l == 0) profile->full.first = backend_.MarkTime();
     capture_at(l);
     for (size_t gi = 0; gi < groups.size(); ++gi) {
       if (groups[gi].split + 1 == l) RS_RETURN_IF_ERROR(PromoteRows(gi, plan, profile));
@@ -443,24 +456,16 @@ absl::Status LlamaModel::Run(const ForwardBatch& input, PagedKvCache& cache,
       if (g.count == 0) continue;
       const int32_t begin = timed ? backend_.MarkTime() : 0;
       g.fill->WriteKv(*this, l, RowsOf(g), kv);
-      if (timed) fill_spans[gi].emplace_back(begin, backend_.MarkTime());
+      if (timed) profile->fills[fill_of[gi]].spans.emplace_back(begin, backend_.MarkTime());
     }
     if (na > 0) RS_RETURN_IF_ERROR(RunFullLayer(l, na, kv, capture, query_rows));
-    if (timed && l == lowest_split) full_span.second = backend_.MarkTime();
+    if (timed && l == lowest_split) profile->full.second = backend_.MarkTime();
   }
   if (timed) {
     profile->clock = &backend_;
-    profile->full = full_span;
     profile->full_row_layers = static_cast<double>(lowest_split + 1) * n;
-    // One entry per split: groups of one split (several fills) are summed.
-    for (size_t i = 0; i < groups.size(); ++i) {
-      if (i == 0 || groups[i].split != groups[i - 1].split) {
-        profile->fills.push_back({groups[i].split, 0, {}});
-      }
-      profile->fills.back().rows += groups[i].count;
-      profile->fills.back().spans.insert(profile->fills.back().spans.end(), fill_spans[i].begin(),
-                                         fill_spans[i].end());
-    }
+    // The rows still filled, after promotions.
+    for (size_t i = 0; i < groups.size(); ++i) profile->fills[fill_of[i]].rows += groups[i].count;
   }
   capture_at(num_layers);
   return RunLmHead(batch);
@@ -500,18 +505,15 @@ absl::Status LlamaModel::RecordDecodeGraphs(PagedKvCache& cache) {
   ForwardBatch none;  // every row of the bucket a padding row
   none.block_table_offsets = {0};
   const std::vector<int32_t> buckets = graph_buckets_;  // a failed recording clears them
-  recording_ = true;
-  absl::Status status;
   for (const int32_t bucket : buckets) {
-    if (graph_buckets_.empty() || !status.ok()) break;
-    status = RunDecodeGraph(none, cache, bucket);
+    if (graph_buckets_.empty()) break;
+    RS_RETURN_IF_ERROR(RunDecodeGraph(none, cache, bucket, /*may_record=*/true));
   }
-  recording_ = false;
-  return status;
+  return absl::OkStatus();
 }
 
 absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache,
-                                        int32_t bucket) {
+                                        int32_t bucket, bool may_record) {
   const int32_t n = batch.num_rows();
   ForwardBatch& padded = graph_batch_;
   padded = batch;
@@ -536,22 +538,17 @@ absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache&
     graph_cache_key_.push_back(kv.k);
     graph_cache_key_.push_back(kv.v);
   }
-  // At TP > 1 a rank records only with the others, in RecordDecodeGraphs, and does not replace
-  // recordings while serving: a step whose recording is not current runs eagerly instead, on
-  // every rank alike, as what makes a recording stale (other cache memory, a grown scratch)
-  // depends on the batch and the caches, not on the rank.
-  const bool serving_at_tp = comm_ != nullptr && backend_.SupportsGraphs() && !recording_;
-  const bool same_cache = graph_cache_key_ == recorded_cache_key_;
-  if (!same_cache && !serving_at_tp) {
+  bool same_cache = graph_cache_key_ == recorded_cache_key_;
+  if (!same_cache && may_record) {
     graphs_.clear();
     recorded_cache_key_ = graph_cache_key_;
+    same_cache = true;
   }
   // UploadStepMeta may have grown (and dropped the recordings) before this lookup.
   // A recording replays only with the metadata where it was recorded (a check: the layout
   // above keeps it there).
   auto recorded = graphs_.find(bucket);
-  const bool current = graph_cache_key_ == recorded_cache_key_ && recorded != graphs_.end() &&
-                       recorded->second.meta == meta_;
+  const bool current = same_cache && recorded != graphs_.end() && recorded->second.meta == meta_;
   bool replayed = false;
   if (current) {
     const auto replay = [&] {
@@ -572,7 +569,7 @@ absl::Status LlamaModel::RunDecodeGraph(const ForwardBatch& batch, PagedKvCache&
     ++decode_graph_replays_;
   } else {
     RS_RETURN_IF_ERROR(RunDecodeRows(padded, cache));
-    if (backend_.SupportsGraphs() && !serving_at_tp) {
+    if (may_record && backend_.SupportsGraphs()) {
       absl::StatusOr<std::unique_ptr<BackendGraph>> graph =
           backend_.Record([&] { return RunDecodeRows(padded, cache); });
       if (graph.ok()) {

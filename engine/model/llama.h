@@ -122,24 +122,30 @@ struct ForwardCapture {
 // timed, giving the cost of one row through one full layer at this batch's positions; the
 // fill work above each split is timed separately. The times are marks in the backend's queued
 // work (Backend::MarkTime), so taking them does not wait for a device inside the layer loop;
-// reading them (SavedSecondsPerRow) waits for the step's work, so read after the step.
+// ReadTimes turns them into seconds once the step is over (it waits for the step's work).
 struct ForwardProfile {
   using Span = std::pair<int32_t, int32_t>;  // the time marks at its start and end
   struct Fill {
     int32_t split_layer = 0;
     int32_t rows = 0;
     std::vector<Span> spans;  // writing these rows' K/V in layers > split
+    double seconds = 0;       // their sum (ReadTimes)
   };
-  Backend* clock = nullptr;    // whose time marks these are
-  Span full;                   // layers 0..lowest split, every row in full
-  double full_row_layers = 0;  // rows x layers of `full`
-  std::vector<Fill> fills;     // one per split present in the batch (rows still filled)
+  Backend* clock = nullptr;           // whose time marks these are; null once read
+  Span full;                          // layers 0..lowest split, every row in full
+  double full_row_layers = 0;         // rows x layers of `full`
+  double full_layer_row_seconds = 0;  // one row through one full layer (ReadTimes)
+  std::vector<Fill> fills;            // one per split present in the batch (rows still filled)
   // Filled rows their fill sent back to exact (RowFill::SelectExactRows; RidgeFill's leverage
   // test), as input batch row indices. Not counted in `fills`.
   std::vector<int32_t> promoted_rows;
 
+  // Reads the marks into seconds (before the marks' backend is reset: its next profiled Run).
+  void ReadTimes();
+
   // Estimated seconds saved per filled row of `split_layer`: the num_layers - 1 - split full
   // layers it skipped, less its share of the measured fill work. 0 if the split is absent.
+  // After ReadTimes.
   double SavedSecondsPerRow(int32_t split_layer, int32_t num_layers) const;
 };
 
@@ -313,8 +319,13 @@ class LlamaModel {
   // to hold without fills, so it does not decide: at TP > 1 only rank 0 is given one.)
   bool RunsOnGraph(const ForwardBatch& batch, int32_t num_layers,
                    const ForwardCapture* capture) const;
-  // The graph path: `batch` padded to `bucket` (>= its rows), replayed or run and recorded.
-  absl::Status RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache, int32_t bucket);
+  // The graph path: `batch` padded to `bucket` (>= its rows), replayed, or run and, with
+  // `may_record`, recorded (at TP > 1 a rank records only with the others, in
+  // RecordDecodeGraphs; a step whose recording is not current runs eagerly instead, on every rank
+  // alike, as what makes a recording stale (other cache memory, a grown scratch) depends on the
+  // batch and the caches, not on the rank).
+  absl::Status RunDecodeGraph(const ForwardBatch& batch, PagedKvCache& cache, int32_t bucket,
+                              bool may_record);
   // Embedding, every layer in full and the LM head for the uploaded metadata of `batch` (no
   // fills, no capture): what a decode graph records.
   absl::Status RunDecodeRows(const ForwardBatch& batch, PagedKvCache& cache);
@@ -398,7 +409,6 @@ class LlamaModel {
   std::vector<const void*> recorded_cache_key_, graph_cache_key_;
   ForwardBatch graph_batch_;  // the padded batch, reused
   int64_t decode_graph_replays_ = 0;
-  bool recording_ = false;  // within RecordDecodeGraphs
 };
 
 }  // namespace ridgeserve

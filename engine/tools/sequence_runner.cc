@@ -96,6 +96,7 @@ absl::Status SequenceRunner::Append(std::span<const int32_t> tokens, int32_t chu
       RS_RETURN_IF_ERROR(model_.Forward(batch, cache, chunk_logits_, nullptr, wanted));
     }
     if (fill != nullptr) {
+      profile.ReadTimes();
       const auto filled = std::count_if(batch.fill_split.begin(), batch.fill_split.end(),
                                         [](int32_t s) { return s >= 0; }) -
                           static_cast<int64_t>(profile.promoted_rows.size());

@@ -1,4 +1,4 @@
-// CountingGraphBackend: a test backend (below) that the engine and tensor-parallel tests share.
+// CountingGraphBackend: a test backend (below) for the engine tests of decode graphs.
 #ifndef RIDGESERVE_TESTS_ENGINE_COUNTING_GRAPH_BACKEND_H_
 #define RIDGESERVE_TESTS_ENGINE_COUNTING_GRAPH_BACKEND_H_
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <memory>
 #include <span>
@@ -496,12 +495,10 @@ class Bf16ActivationsBackend final : public testing::ForwardingBackend {
                   const float* bias, float* y) override {
     if (x.dtype == DType::kF32) return inner_.LinearRows(x, n, w, row_begin, rows, bias, y);
     ASSERT_EQ(x.dtype, DType::kBF16);
-    const uint16_t* bits = static_cast<const uint16_t*>(x.data);
     wide_.resize(size_t(n) * w.cols());
-    for (size_t i = 0; i < wide_.size(); ++i) {
-      const uint32_t u = uint32_t{bits[i]} << 16;
-      std::memcpy(&wide_[i], &u, sizeof(float));
-    }
+    ASSERT_TRUE(DequantizeRow(DType::kBF16, static_cast<const uint8_t*>(x.data),
+                              static_cast<int64_t>(wide_.size()), wide_.data())
+                    .ok());
     inner_.LinearRows(wide_.data(), n, w, row_begin, rows, bias, y);
   }
 

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -56,14 +55,10 @@ std::vector<T> Download(Backend& backend, const DeviceBuffer& buffer, size_t n) 
 // memory as floats: its Backend::ActivationDType, f32 or bf16 (widened exactly).
 inline std::vector<float> DownloadActivations(Backend& backend, const DeviceBuffer& buffer,
                                               size_t n) {
-  if (backend.ActivationDType() == DType::kF32) return Download<float>(backend, buffer, n);
-  EXPECT_EQ(backend.ActivationDType(), DType::kBF16);
-  const std::vector<uint16_t> bits = Download<uint16_t>(backend, buffer, n);
+  const DType type = backend.ActivationDType();
+  const std::vector<uint8_t> bytes = Download<uint8_t>(backend, buffer, ElementBytes(type) * n);
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) {
-    const uint32_t wide = uint32_t{bits[i]} << 16;
-    std::memcpy(&v[i], &wide, sizeof(float));
-  }
+  EXPECT_TRUE(DequantizeRow(type, bytes.data(), static_cast<int64_t>(n), v.data()).ok());
   return v;
 }
 
