@@ -17,6 +17,7 @@
 
 #include "engine/kv/paged_kv_cache.h"
 #include "engine/parallel/rank_group.h"
+#include "engine/parallel/tensor_parallel_executor.h"
 #include "engine/tools/sequence_runner.h"
 #include "gtest/gtest.h"
 #include "tests/engine/counting_graph_backend.h"
@@ -416,6 +417,100 @@ TEST_F(EngineTest, DecodeGraphsAtTensorParallel3ReplayOnEveryRankAndAnswerAsEage
     EXPECT_EQ(graphed[i].size(), 10 + 5 * i);
     EXPECT_EQ(graphed[i], eager[i]) << "request " << i;
   }
+}
+
+// A decode-graph recording writes to the cache memory it was made with, so a step on other
+// caches makes it stale. At tensor parallel 3 such a step runs padded but eagerly on every rank
+// (no rank records or replays apart from the others: the recordings hold the ranks'
+// collectives), with the logits of steps run as they come; back on the recorded caches, every
+// rank replays again. Two sequences decode three steps at 2 rows (bucket 2) and one at 1.
+TEST_F(EngineTest, StaleDecodeGraphsAtTensorParallel3RunEagerlyOnEveryRank) {
+  const std::unique_ptr<CountedShards> shards = ShardOnCountingBackends();
+  ASSERT_NE(shards, nullptr);
+  const std::vector<LlamaModel*> ranks = shards->model->rank_models();
+  const auto& counting = shards->counting;
+  const ModelConfig& c = shards->model->config;
+  constexpr int32_t kBlock = 16;
+  // A set of caches, one per rank, and an executor over them.
+  struct CacheSet {
+    std::vector<std::unique_ptr<PagedKvCache>> caches;
+    std::unique_ptr<TensorParallelExecutor> executor;
+  };
+  const auto make_set = [&] {
+    CacheSet set;
+    std::vector<PagedKvCache*> ptrs;
+    for (LlamaModel* rank : ranks) {
+      absl::StatusOr<PagedKvCache> cache = PagedKvCache::Create(
+          rank->backend(), KvCacheShape{c.num_layers, rank->shard().num_kv_heads, c.head_dim,
+                                        kBlock, 8, rank->kv_cache_dtype()});
+      EXPECT_TRUE(cache.ok()) << cache.status();
+      if (!cache.ok()) return set;
+      set.caches.push_back(std::make_unique<PagedKvCache>(*std::move(cache)));
+      ptrs.push_back(set.caches.back().get());
+    }
+    set.executor = std::make_unique<TensorParallelExecutor>(ranks, ptrs);
+    return set;
+  };
+  // Every decode step's logits, [rows, vocab], after a prefill of 9 and 19 tokens.
+  const std::vector<int32_t> active = {2, 2, 2, 1};
+  const auto decode = [&](CacheSet& set) {
+    std::vector<std::vector<float>> steps;
+    if (set.executor == nullptr) return steps;
+    BlockTable tables[2];
+    int32_t lengths[2];
+    ForwardBatch prefill;
+    for (int32_t s = 0; s < 2; ++s) {
+      EXPECT_TRUE(tables[s].Reserve(set.caches[0]->pool(), 40, kBlock).ok());
+      const std::vector<int32_t> prompt = RandomTokens(9 + 10 * s, 80 + s);
+      prefill.AddSequence(tables[s], kBlock, prompt, 0, true);
+      lengths[s] = static_cast<int32_t>(prompt.size());
+    }
+    EXPECT_TRUE(set.executor->Run(prefill, nullptr).ok());
+    for (size_t i = 0; i < active.size(); ++i) {
+      const std::vector<int32_t> next = RandomTokens(active[i], 90 + static_cast<int>(i));
+      ForwardBatch batch;
+      for (int32_t s = 0; s < active[i]; ++s) {
+        batch.AddSequence(tables[s], kBlock, std::span(next).subspan(s, 1), lengths[s]++, true);
+      }
+      const absl::Status status = set.executor->Run(batch, nullptr);
+      EXPECT_TRUE(status.ok()) << status;
+      set.executor->head().CopyAllLogits(steps.emplace_back());
+    }
+    return steps;
+  };
+  const auto expect_counts = [&](int records, int replays, const char* when) {
+    for (size_t r = 0; r < counting.size(); ++r) {
+      EXPECT_EQ(counting[r]->records, records) << "rank " << r << " " << when;
+      EXPECT_EQ(counting[r]->replays, replays) << "rank " << r << " " << when;
+    }
+  };
+
+  CacheSet plain = make_set();
+  const std::vector<std::vector<float>> eager = decode(plain);  // no buckets: as they come
+  ASSERT_EQ(eager.size(), active.size());
+  expect_counts(0, 0, "without buckets");
+
+  CacheSet recorded = make_set(), other = make_set();
+  ASSERT_NE(recorded.executor, nullptr);
+  const std::vector<int32_t> buckets = LlamaModel::DecodeGraphBuckets(4);  // 1 2 4
+  for (LlamaModel* rank : ranks) {
+    // As the engine does before recording: no step below grows a scratch (which would make the
+    // recordings stale for another reason). Prefill: 28 rows; decode: up to 4 padded sequences.
+    ASSERT_TRUE(rank->ReserveWorkspace(28, 4, 4 * 3).ok());
+    rank->SetDecodeGraphBuckets(buckets);
+  }
+  const absl::Status status = recorded.executor->OnEveryRank(
+      [&](int32_t r) { return ranks[r]->RecordDecodeGraphs(*recorded.caches[r]); });
+  ASSERT_TRUE(status.ok()) << status;
+  const int num_buckets = static_cast<int>(buckets.size());
+  expect_counts(num_buckets, 0, "after recording");
+
+  EXPECT_TRUE(decode(other) == eager) << "steps on caches the graphs were not recorded on";
+  expect_counts(num_buckets, 0, "stepping on other caches");
+
+  EXPECT_TRUE(decode(recorded) == eager) << "steps replaying the recordings";
+  expect_counts(num_buckets, static_cast<int>(active.size()), "back on the recorded caches");
+  for (LlamaModel* rank : ranks) rank->SetDecodeGraphBuckets({});  // they write to `recorded`
 }
 
 // A rank whose recording fails at tensor parallel 3 fails the start with its own error (the

@@ -72,6 +72,7 @@ case $kind in
     engine_threads=(
       'AStepPastTheTimeoutStallsTheEngine'
       'DecodeGraphsAtTensorParallel3ReplayOnEveryRankAndAnswerAsEagerSteps'
+      'StaleDecodeGraphsAtTensorParallel3RunEagerlyOnEveryRank'
       'ARankThatCannotRecordFailsTheStartAndTheGroupServesOn'
     )
     ctest --test-dir "$build" -R "^EngineTest\.($(join "${engine_threads[@]}"))\$" \
