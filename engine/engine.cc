@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/common/status_macros.h"
-#include "engine/draft/attention_scores.h"
 #include "engine/draft/spec_kv.h"
 #include "engine/draft/spec_pc.h"
 #include "engine/kv/paged_kv_cache.h"
@@ -832,7 +831,7 @@ void Engine::Impl::CompactKv(SchedRequest& r, Live& l) {
   const size_t q_dim = static_cast<size_t>(c.num_heads) * c.head_dim;
   std::vector<int32_t> positions(rows);
   std::iota(positions.begin(), positions.end(), P - W);
-  std::vector<float> queries(rows * q_dim), keys, values;
+  std::vector<float> queries(rows * q_dim);
   std::vector<int32_t> tokens;
   Backend& backend = model.llama->backend();
   for (int32_t layer = 0; layer < c.num_layers; ++layer) {
@@ -840,10 +839,10 @@ void Engine::Impl::CompactKv(SchedRequest& r, Live& l) {
       std::copy_n(l.kv_queries.begin() + (static_cast<size_t>(row) * c.num_layers + layer) * q_dim,
                   q_dim, queries.begin() + row * q_dim);
     }
-    ReadSequenceKv(*cache, backend, r.blocks, layer, T, keys, values);
+    const KvLayerView kv = cache->layer(layer);
     const std::vector<std::vector<int32_t>> kept =
-        SelectSpecKvLayer(c, queries, positions, keys, P, l.spec_kv);
-    CompactKvLayer(*cache, backend, r.blocks, layer, kept, keys, values);
+        SelectSpecKvLayer(backend, kv, r.blocks, c, queries, positions, P, l.spec_kv);
+    CompactKvLayer(backend, kv, r.blocks, kept);
     // The scheduler's tokens for the kept places (they never run again): layer 0's first head.
     if (layer == 0) {
       for (int32_t p : kept.front()) tokens.push_back(l.prompt_ids[p]);

@@ -279,6 +279,26 @@ class Backend {
   // dst[i * dst_ld + j] = src[i * src_ld + j] for i < rows, j < cols.
   virtual void CopyColumns(const float* src, int64_t src_ld, int32_t rows, int32_t cols, float* dst,
                            int64_t dst_ld) = 0;
+  // SpecPC's and SpecKV's scores (engine/draft/): the attention weights a few query rows of one
+  // sequence give its cached keys, each key's largest. For KV head g and place j < count:
+  //   scores[g * count + j] = max(0, max of weights[r] * p_rh[j] over the rows r with
+  //                                   positions[r] >= j and the query heads h of g)
+  //   p_rh[j] = softmax over j' <= positions[r] of (q[r, h] · K[j', g] * scale), in float
+  // (query head h belongs to KV head h / (num_heads / num_kv_heads)). The sequence's place p is
+  // slot blocks[p / block_size] * block_size + p % block_size. q [rows, num_heads * head_dim],
+  // positions and weights [rows], blocks and scores [num_kv_heads, count] are on the host; this
+  // returns once scores are there. CPU: kernels/cpu/attention.h; a backend that computes in
+  // another order says so in its header.
+  virtual void AttentionScores(const KvLayerView& cache, std::span<const int32_t> blocks,
+                               const float* q, int32_t num_heads,
+                               std::span<const int32_t> positions, std::span<const float> weights,
+                               float scale, int32_t count, float* scores) = 0;
+  // SpecKV's compaction: moves a sequence's cached entries within it, per KV head. For
+  // g < num_kv_heads and i < n, head g's K and V at place from[g * n + i] go to place i, bits
+  // unchanged, every entry read before any is written. blocks (host) as for AttentionScores;
+  // from (host) [num_kv_heads, n].
+  virtual void CompactKv(const KvLayerView& cache, std::span<const int32_t> blocks,
+                         std::span<const int32_t> from, int32_t n) = 0;
   // One token for each spec from its row of `logits` ([rows, vocab]), by kernels/sample.h's
   // definition; `penalty_ids` (host) holds the specs' penalty ranges. Specs draw from distinct
   // rows. `out` (host) gets specs.size() results; this returns once they are there. A token

@@ -15,31 +15,21 @@ constexpr int32_t kBlockSize = 16;
 
 }  // namespace
 
-std::vector<std::vector<int32_t>> SelectSpecKvLayer(const ModelConfig& config,
-                                                    std::span<const float> queries,
-                                                    std::span<const int32_t> query_positions,
-                                                    std::span<const float> keys,
-                                                    int32_t prompt_tokens,
-                                                    const SpecKvParams& params) {
-  const int32_t heads = config.num_heads, kv_heads = config.num_kv_heads;
-  const int32_t d = config.head_dim, group = heads / kv_heads;
-  const size_t kv_dim = static_cast<size_t>(kv_heads) * d, q_dim = static_cast<size_t>(heads) * d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+std::vector<std::vector<int32_t>> SelectSpecKvLayer(
+    Backend& backend, const KvLayerView& kv, std::span<const int32_t> blocks,
+    const ModelConfig& config, std::span<const float> queries,
+    std::span<const int32_t> query_positions, int32_t prompt_tokens, const SpecKvParams& params) {
+  const int32_t kv_heads = config.num_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
   const int32_t scored = prompt_tokens - params.window;  // keys outside the window
-  std::vector<std::vector<float>> score(kv_heads, std::vector<float>(scored, 0.0f));
-  std::vector<float> probs(keys.size() / kv_dim);
-  for (size_t r = 0; r < query_positions.size(); ++r) {
-    const int32_t p = query_positions[r];
-    for (int32_t h = 0; h < heads; ++h) {
-      AttentionProbabilities(queries.data() + r * q_dim + h * d, keys.data() + (h / group) * d,
-                             kv_dim, p + 1, d, scale, probs.data());
-      std::vector<float>& s = score[h / group];
-      for (int32_t j = 0; j < std::min(p + 1, scored); ++j) s[j] = std::max(s[j], probs[j]);
-    }
-  }
+  std::vector<float> score(static_cast<size_t>(kv_heads) * scored);
+  const std::vector<float> weights(query_positions.size(), 1.0f);
+  backend.AttentionScores(kv, blocks, queries.data(), config.num_heads, query_positions, weights,
+                          scale, scored, score.data());
   std::vector<std::vector<int32_t>> kept(kv_heads);
   for (int32_t g = 0; g < kv_heads; ++g) {
-    const std::vector<int32_t> order = ByDecreasingScore(CentredMaxPool(score[g], params.kernel));
+    const std::vector<int32_t> order = ByDecreasingScore(CentredMaxPool(
+        std::span(score).subspan(static_cast<size_t>(g) * scored, scored), params.kernel));
     kept[g].assign(order.begin(), order.begin() + (params.budget - params.window));
     for (int32_t j = scored; j < prompt_tokens; ++j) kept[g].push_back(j);
     std::sort(kept[g].begin(), kept[g].end());
@@ -47,25 +37,11 @@ std::vector<std::vector<int32_t>> SelectSpecKvLayer(const ModelConfig& config,
   return kept;
 }
 
-void CompactKvLayer(PagedKvCache& cache, Backend& backend, std::span<const int32_t> blocks,
-                    int32_t layer, const std::vector<std::vector<int32_t>>& kept,
-                    std::span<const float> keys, std::span<const float> values) {
-  const KvCacheShape& s = cache.shape();
-  const size_t d = s.head_dim, kv_dim = static_cast<size_t>(s.num_kv_heads) * d;
-  const int32_t budget = static_cast<int32_t>(kept.front().size());
-  std::vector<float> k(budget * kv_dim), v(budget * kv_dim);
-  for (size_t g = 0; g < kept.size(); ++g) {
-    for (int32_t i = 0; i < budget; ++i) {
-      const size_t from = kept[g][i] * kv_dim + g * d, to = i * kv_dim + g * d;
-      std::copy_n(keys.begin() + from, d, k.begin() + to);
-      std::copy_n(values.begin() + from, d, v.begin() + to);
-    }
-  }
-  for (int32_t pos = 0; pos < budget; pos += s.block_size) {
-    const int32_t n = std::min(s.block_size, budget - pos);
-    cache.CopyFromHost(backend, layer, blocks[pos / s.block_size] * s.block_size, n,
-                       k.data() + pos * kv_dim, v.data() + pos * kv_dim);
-  }
+void CompactKvLayer(Backend& backend, const KvLayerView& kv, std::span<const int32_t> blocks,
+                    const std::vector<std::vector<int32_t>>& kept) {
+  std::vector<int32_t> from;
+  for (const std::vector<int32_t>& head : kept) from.insert(from.end(), head.begin(), head.end());
+  backend.CompactKv(kv, blocks, from, static_cast<int32_t>(kept.front().size()));
 }
 
 SpecKvSequence::SpecKvSequence(LlamaModel& target, int32_t max_prompt_tokens,
@@ -173,11 +149,11 @@ absl::Status SpecKvSequence::Prefill(LlamaModel& draft, int32_t draft_layers,
       queries[l].insert(queries[l].end(), capture.queries[l].begin(), capture.queries[l].end());
     }
   }
-  std::vector<float> keys, values;
   for (int32_t l = 0; l < c.num_layers; ++l) {
-    ReadSequenceKv(*cache_, target_.backend(), table_.blocks(), l, T, keys, values);
-    kept_.push_back(SelectSpecKvLayer(c, queries[l], query_positions, keys, P, params));
-    CompactKvLayer(*cache_, target_.backend(), table_.blocks(), l, kept_.back(), keys, values);
+    const KvLayerView kv = cache_->layer(l);
+    kept_.push_back(SelectSpecKvLayer(target_.backend(), kv, table_.blocks(), c, queries[l],
+                                      query_positions, P, params));
+    CompactKvLayer(target_.backend(), kv, table_.blocks(), kept_.back());
   }
   places_ = params.budget;
   next_position_ = P;

@@ -37,21 +37,18 @@ struct SpecKvParams {
   int32_t kernel = 7;
 };
 
-// One layer's kept positions, [kv_heads][budget] each sorted, from `queries` ([rows, q_dim]
-// at `query_positions`) and `keys` ([positions, kv_dim], at least max(query_positions) + 1 rows).
-std::vector<std::vector<int32_t>> SelectSpecKvLayer(const ModelConfig& config,
-                                                    std::span<const float> queries,
-                                                    std::span<const int32_t> query_positions,
-                                                    std::span<const float> keys,
-                                                    int32_t prompt_tokens,
-                                                    const SpecKvParams& params);
+// One layer's kept positions, [kv_heads][budget] each sorted, from `queries` ([rows, q_dim] at
+// `query_positions`, host) against the layer's keys `kv` of the sequence at `blocks` (places up to
+// max(query_positions) cached), scored on the backend (Backend::AttentionScores).
+std::vector<std::vector<int32_t>> SelectSpecKvLayer(
+    Backend& backend, const KvLayerView& kv, std::span<const int32_t> blocks,
+    const ModelConfig& config, std::span<const float> queries,
+    std::span<const int32_t> query_positions, int32_t prompt_tokens, const SpecKvParams& params);
 
-// Moves layer l's kept entries (kept[g] for KV head g) of the sequence at `blocks` to its cache
-// places 0..budget-1, in order. `keys` / `values` are that layer's entries as ReadSequenceKv read
-// them (f16 / bf16 widen to f32 exactly, so writing them back is lossless).
-void CompactKvLayer(PagedKvCache& cache, Backend& backend, std::span<const int32_t> blocks,
-                    int32_t layer, const std::vector<std::vector<int32_t>>& kept,
-                    std::span<const float> keys, std::span<const float> values);
+// Moves the layer's kept entries (kept[g] for KV head g) of the sequence at `blocks` to its
+// places 0..budget-1, in order, on the backend (Backend::CompactKv).
+void CompactKvLayer(Backend& backend, const KvLayerView& kv, std::span<const int32_t> blocks,
+                    const std::vector<std::vector<int32_t>>& kept);
 
 // One SpecKV sequence outside the engine (offline tools, tests): the draft's lookahead, the
 // target's prefill of prompt + lookahead, selection and compaction, then decoding over the

@@ -38,36 +38,32 @@ std::vector<int32_t> SpecPcScorer::layers() const {
 void SpecPcScorer::SetQuery(int32_t position, int32_t layer_index, std::span<const float> q) {
   const size_t q_dim = static_cast<size_t>(config_.num_heads) * config_.head_dim;
   const size_t row = position - (prompt_tokens_ - params_.window);
-  const size_t scored = params_.num_layers - params_.first_layer;
-  std::copy(q.begin(), q.begin() + q_dim, queries_.begin() + (row * scored + layer_index) * q_dim);
+  const size_t rows = params_.window + params_.lookahead_tokens - 1;
+  std::copy(q.begin(), q.begin() + q_dim, queries_.begin() + (layer_index * rows + row) * q_dim);
 }
 
 std::vector<float> SpecPcScorer::Scores(const PagedKvCache& cache, Backend& backend,
                                         std::span<const int32_t> blocks) const {
   const int32_t P = prompt_tokens_;
   const int32_t W = params_.window;
-  const int32_t T = end_position();  // cached keys: prompt + lookahead rows that ran
-  const int32_t heads = config_.num_heads, kv_heads = config_.num_kv_heads;
-  const int32_t d = config_.head_dim, group = heads / kv_heads;
-  const size_t kv_dim = static_cast<size_t>(kv_heads) * d, q_dim = static_cast<size_t>(heads) * d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  const int32_t rows = W + params_.lookahead_tokens - 1;
+  const int32_t kv_heads = config_.num_kv_heads;
+  const size_t q_dim = static_cast<size_t>(config_.num_heads) * config_.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  std::vector<int32_t> positions(rows);
+  std::vector<float> weights(rows);
+  for (int32_t row = 0; row < rows; ++row) {
+    positions[row] = P - W + row;  // the query's position: it sees keys 0..P - W + row
+    // linspace(0, 1, W) over the prompt window; lookahead rows weigh 1.
+    weights[row] = row < W && W > 1 ? static_cast<float>(row) / (W - 1) : 1.0f;
+  }
   const std::vector<int32_t> scored = layers();
-  std::vector<float> keys, values;
-  std::vector<float> score(P, 0.0f), probs(T);
+  std::vector<float> score(P, 0.0f), by_head(static_cast<size_t>(kv_heads) * P);
   for (size_t li = 0; li < scored.size(); ++li) {
-    ReadSequenceKv(cache, backend, blocks, scored[li], T, keys, values);
-    for (int32_t row = 0; row < W + params_.lookahead_tokens - 1; ++row) {
-      const int32_t p = P - W + row;  // the query's position: it sees keys 0..p
-      // linspace(0, 1, W) over the prompt window; lookahead rows weigh 1.
-      const float weight = row < W && W > 1 ? static_cast<float>(row) / (W - 1) : 1.0f;
-      for (int32_t h = 0; h < heads; ++h) {
-        const float* q = queries_.data() + (row * scored.size() + li) * q_dim + h * d;
-        AttentionProbabilities(q, keys.data() + (h / group) * d, kv_dim, p + 1, d, scale,
-                               probs.data());
-        for (int32_t j = 0; j < std::min(p + 1, P); ++j) {
-          score[j] = std::max(score[j], probs[j] * weight);
-        }
-      }
+    backend.AttentionScores(cache.layer(scored[li]), blocks, queries_.data() + li * rows * q_dim,
+                            config_.num_heads, positions, weights, scale, P, by_head.data());
+    for (int32_t g = 0; g < kv_heads; ++g) {
+      for (int32_t j = 0; j < P; ++j) score[j] = std::max(score[j], by_head[g * P + j]);
     }
   }
   return score;

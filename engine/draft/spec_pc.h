@@ -73,7 +73,7 @@ class SpecPcScorer {
   ModelConfig config_;
   SpecPcParams params_;
   int32_t prompt_tokens_ = 0;
-  // [captured position - (P - window)][scored layer][q_dim]
+  // [scored layer][captured position - (P - window)][q_dim]
   std::vector<float> queries_;
 };
 

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/attention_scores.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cpu/row_ops.h"
 #include "kernels/cpu/simd.h"
@@ -182,6 +183,40 @@ class CpuBackend final : public Backend {
                    int64_t dst_ld) override {
     for (int32_t i = 0; i < rows; ++i) {
       std::memcpy(dst + i * dst_ld, src + i * src_ld, sizeof(float) * cols);
+    }
+  }
+
+  void AttentionScores(const KvLayerView& cache, std::span<const int32_t> blocks, const float* q,
+                       int32_t num_heads, std::span<const int32_t> positions,
+                       std::span<const float> weights, float scale, int32_t count,
+                       float* scores) override {
+    cpu::AttentionScores(cache, blocks, q, num_heads, positions, weights, scale, count, scores,
+                         num_threads_);
+  }
+
+  void CompactKv(const KvLayerView& cache, std::span<const int32_t> blocks,
+                 std::span<const int32_t> from, int32_t n) override {
+    const size_t head_bytes = ElementBytes(cache.dtype) * cache.head_dim;
+    const size_t slot_bytes = head_bytes * cache.num_kv_heads;
+    const auto at = [&](uint8_t* base, int32_t place, int32_t g) {
+      const size_t slot = static_cast<size_t>(blocks[place / cache.block_size]) * cache.block_size +
+                          place % cache.block_size;
+      return base + slot * slot_bytes + g * head_bytes;
+    };
+    std::vector<uint8_t> moved(head_bytes * cache.num_kv_heads * n);
+    for (uint8_t* base : {cache.k, cache.v}) {
+      for (int32_t g = 0; g < cache.num_kv_heads; ++g) {
+        for (int32_t i = 0; i < n; ++i) {
+          std::memcpy(&moved[(static_cast<size_t>(g) * n + i) * head_bytes],
+                      at(base, from[g * n + i], g), head_bytes);
+        }
+      }
+      for (int32_t g = 0; g < cache.num_kv_heads; ++g) {
+        for (int32_t i = 0; i < n; ++i) {
+          std::memcpy(at(base, i, g), &moved[(static_cast<size_t>(g) * n + i) * head_bytes],
+                      head_bytes);
+        }
+      }
     }
   }
 

@@ -49,17 +49,6 @@ __device__ inline void Merge(State& a, const State& b) {
   a.m = w.m;
 }
 
-template <int kCode>
-__device__ inline float Load(const void* base, int64_t index) {
-  if constexpr (kCode == 0) {
-    return static_cast<const float*>(base)[index];
-  } else if constexpr (kCode == 1) {
-    return __half2float(static_cast<const __half*>(base)[index]);  // exact
-  } else {
-    return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);  // exact
-  }
-}
-
 struct Shared {
   float* q;         // [group, head_dim]
   float* k;         // [32, head_dim + 1]
@@ -99,8 +88,8 @@ __device__ inline void LoadChunk(const AttentionParams& p, const int32_t* table,
   __syncthreads();
   for (int e = threadIdx.x; e < nk * p.head_dim; e += blockDim.x) {
     const int j = e / p.head_dim, d = e % p.head_dim;
-    sh.k[j * (p.head_dim + 1) + d] = Load<kCode>(p.k, sh.offset[j] + d);
-    sh.v[j * p.head_dim + d] = Load<kCode>(p.v, sh.offset[j] + d);
+    sh.k[j * (p.head_dim + 1) + d] = LoadKvElement<kCode>(p.k, sh.offset[j] + d);
+    sh.v[j * p.head_dim + d] = LoadKvElement<kCode>(p.v, sh.offset[j] + d);
   }
   __syncthreads();
 }

@@ -20,6 +20,8 @@
 #include "kernels/cuda/add.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_plan.h"
+#include "kernels/cuda/attention_scores.h"
+#include "kernels/cuda/compact_kv.h"
 #include "kernels/cuda/convert.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/embed.h"
@@ -103,6 +105,7 @@ class CudaBackend final : public Backend {
     sample_keys_[1] = DeviceBuffer();
     sample_sort_temp_ = DeviceBuffer();
     sample_out_ = DeviceBuffer();
+    selection_ = DeviceBuffer();
     if (pack_host_ != nullptr) cudaFreeHost(pack_host_);
     for (cudaEvent_t event : pack_uploaded_) {
       if (event != nullptr) cudaEventDestroy(event);
@@ -444,6 +447,91 @@ class CudaBackend final : public Backend {
                                  sizeof(float) * cols, rows, cudaMemcpyDeviceToDevice, stream_));
   }
 
+  // The inputs uploaded, the kernels (kernels/cuda/attention_scores.h), the scores copied back.
+  void AttentionScores(const KvLayerView& cache, std::span<const int32_t> blocks, const float* q,
+                       int32_t num_heads, std::span<const int32_t> positions,
+                       std::span<const float> weights, float scale, int32_t count,
+                       float* scores) override {
+    const int32_t rows = static_cast<int32_t>(positions.size());
+    const size_t score_floats = static_cast<size_t>(cache.num_kv_heads) * count;
+    if (rows == 0 || count <= 0) {
+      std::fill(scores, scores + score_floats, 0.0f);
+      return;
+    }
+    if (cache.num_kv_heads <= 0 || num_heads % cache.num_kv_heads != 0 ||
+        num_heads / cache.num_kv_heads > cuda::kScoresMaxGroup ||
+        cache.head_dim > cuda::kScoresMaxHeadDim) {
+      cuda::Fatal(absl::InvalidArgumentError(absl::StrCat(
+          "CUDA AttentionScores: ", num_heads, " query heads over ", cache.num_kv_heads,
+          " KV heads of dim ", cache.head_dim, " (at most ", cuda::kScoresMaxGroup,
+          " per KV head and dim ", cuda::kScoresMaxHeadDim, ")")));
+    }
+    SetDevice();
+    const size_t q_floats = static_cast<size_t>(rows) * num_heads * cache.head_dim;
+    SelectionStaging staging;
+    const size_t q_at = staging.Take(sizeof(float) * q_floats);
+    const size_t positions_at = staging.Take(sizeof(int32_t) * rows);
+    const size_t weights_at = staging.Take(sizeof(float) * rows);
+    const size_t blocks_at = staging.Take(sizeof(int32_t) * blocks.size());
+    const size_t stats_at = staging.Take(sizeof(float2) * rows * num_heads);
+    const size_t scores_at = staging.Take(sizeof(float) * score_floats);
+    uint8_t* base = EnsureSelection(staging.bytes);
+    Upload(base + q_at, q, sizeof(float) * q_floats);
+    Upload(base + positions_at, positions.data(), sizeof(int32_t) * rows);
+    Upload(base + weights_at, weights.data(), sizeof(float) * rows);
+    Upload(base + blocks_at, blocks.data(), sizeof(int32_t) * blocks.size());
+    cuda::AttentionScoresParams p;
+    p.q = reinterpret_cast<const float*>(base + q_at);
+    p.positions = reinterpret_cast<const int32_t*>(base + positions_at);
+    p.weights = reinterpret_cast<const float*>(base + weights_at);
+    p.blocks = reinterpret_cast<const int32_t*>(base + blocks_at);
+    p.k = cache.k;
+    p.dtype_code = KvDTypeCode(cache.dtype);
+    p.block_size = cache.block_size;
+    p.num_kv_heads = cache.num_kv_heads;
+    p.head_dim = cache.head_dim;
+    p.num_heads = num_heads;
+    p.rows = rows;
+    p.count = count;
+    p.scale = scale;
+    p.stats = reinterpret_cast<float2*>(base + stats_at);
+    p.scores = reinterpret_cast<float*>(base + scores_at);
+    cuda::LaunchAttentionScores(p, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(scores, p.scores, sizeof(float) * score_floats,
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void CompactKv(const KvLayerView& cache, std::span<const int32_t> blocks,
+                 std::span<const int32_t> from, int32_t n) override {
+    if (n <= 0) return;
+    SetDevice();
+    const int32_t element = static_cast<int32_t>(ElementBytes(cache.dtype));
+    SelectionStaging staging;
+    const size_t blocks_at = staging.Take(sizeof(int32_t) * blocks.size());
+    const size_t from_at = staging.Take(sizeof(int32_t) * from.size());
+    const size_t moved_at =
+        staging.Take(cuda::CompactKvScratchBytes(element, cache.num_kv_heads, cache.head_dim, n));
+    uint8_t* base = EnsureSelection(staging.bytes);
+    Upload(base + blocks_at, blocks.data(), sizeof(int32_t) * blocks.size());
+    Upload(base + from_at, from.data(), sizeof(int32_t) * from.size());
+    cuda::CompactKvParams p;
+    p.k = cache.k;
+    p.v = cache.v;
+    p.element_bytes = element;
+    p.block_size = cache.block_size;
+    p.num_kv_heads = cache.num_kv_heads;
+    p.head_dim = cache.head_dim;
+    p.blocks = reinterpret_cast<const int32_t*>(base + blocks_at);
+    p.from = reinterpret_cast<const int32_t*>(base + from_at);
+    p.n = n;
+    p.moved = reinterpret_cast<uint16_t*>(base + moved_at);
+    cuda::LaunchCompactKv(p, stream_);
+    // The staging is reused by the next call's uploads, which are ordered after this on the
+    // stream; the host's arrays may go once the uploads are queued (they are copied from
+    // pageable memory before cudaMemcpyAsync returns).
+  }
+
   bool SupportsGraphs() const override { return true; }
 
   // Stream capture in thread-local mode: the ops enqueue onto the capturing stream. A status
@@ -608,6 +696,34 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  // The parts of AttentionScores' and CompactKv's device staging, each 16-byte aligned.
+  struct SelectionStaging {
+    size_t bytes = 0;
+    size_t Take(size_t part) {
+      const size_t at = bytes;
+      bytes += (part + 15) / 16 * 16;
+      return at;
+    }
+  };
+  // That staging, grown to at least `bytes` (no graph reads it); the start of it.
+  uint8_t* EnsureSelection(size_t bytes) {
+    if (selection_.bytes() < bytes) {
+      // A call before may still read it: the stream's work first.
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      if (absl::Status s = Grow(selection_, std::max(bytes, 2 * selection_.bytes())); !s.ok()) {
+        cuda::Fatal(s);
+      }
+    }
+    return selection_.as<uint8_t>();
+  }
+  // An upload from pageable host memory, in stream order (the source is copied before this
+  // returns).
+  void Upload(void* device, const void* host, size_t bytes) {
+    if (bytes > 0) {
+      CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_));
+    }
+  }
+
   // Frees `buffer`, then allocates `bytes` in its place.
   absl::Status Grow(DeviceBuffer& buffer, size_t bytes) {
     buffer = DeviceBuffer();
@@ -659,6 +775,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer sample_keys_[2];
   DeviceBuffer sample_sort_temp_;
   DeviceBuffer sample_out_;
+  DeviceBuffer selection_;  // AttentionScores' and CompactKv's inputs and scratch
 };
 
 CudaGraph::~CudaGraph() { cudaGraphExecDestroy(exec_); }

@@ -89,6 +89,16 @@ class ForwardingBackend : public Backend {
                    int64_t dst_ld) override {
     inner_.CopyColumns(src, src_ld, rows, cols, dst, dst_ld);
   }
+  void AttentionScores(const KvLayerView& cache, std::span<const int32_t> blocks, const float* q,
+                       int32_t num_heads, std::span<const int32_t> positions,
+                       std::span<const float> weights, float scale, int32_t count,
+                       float* scores) override {
+    inner_.AttentionScores(cache, blocks, q, num_heads, positions, weights, scale, count, scores);
+  }
+  void CompactKv(const KvLayerView& cache, std::span<const int32_t> blocks,
+                 std::span<const int32_t> from, int32_t n) override {
+    inner_.CompactKv(cache, blocks, from, n);
+  }
   void Sample(float* logits, int32_t vocab, std::span<const SampleSpec> specs,
               std::span<const int32_t> penalty_ids, SampledToken* out) override {
     inner_.Sample(logits, vocab, specs, penalty_ids, out);

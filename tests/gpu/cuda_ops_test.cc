@@ -29,6 +29,7 @@
 #include "kernels/dtype.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "tests/kernels/selection_problem.h"
 
 namespace ridgeserve {
 namespace {
@@ -871,6 +872,61 @@ TEST_F(CudaOpsTest, AttentionRowIsBitwiseTheSameAloneInBatchesAndAnyPaging) {
 // draw in a thousand may differ; log-probabilities are double sums of the same terms. The
 // vocabularies are the default model's and one whose penalty bitmap (50,000 bytes) needs more
 // than the 48 KiB of shared memory a kernel gets without opting in.
+// SpecPC's and SpecKV's scores: the CPU's within float rounding (the device sums each row's
+// softmax in another order and exp is expf: a few ulp of a probability, stated in
+// kernels/cuda/attention_scores.h), relative to each score, on every cache type, with NaN in
+// every slot the sequence does not own, at the shapes of SmolLM2, Llama-3.1-8B (group 4, dim 128),
+// a group of 16 at dim 256, and head_dim 24 (a partial lane).
+TEST_F(CudaOpsTest, AttentionScoresMatchCpu) {
+  using ::ridgeserve::testing::ScoresCase;
+  using ::ridgeserve::testing::SelectionProblem;
+  const ScoresCase cases[] = {
+      {{9, 3, 64, 16, 300, DType::kBF16}, {3, 250, 270, 285, 299}, 280},
+      {{32, 8, 128, 16, 2100, DType::kBF16}, {2000, 2040, 2080, 2099}, 2050},
+      {{16, 1, 256, 32, 500, DType::kF16}, {450, 499}, 480},
+      {{4, 4, 24, 16, 90, DType::kF32, 6.0f}, {60, 70, 89}, 80},
+  };
+  uint32_t seed = 300;
+  for (size_t i = 0; i < std::size(cases); ++i) {
+    const ScoresCase& c = cases[i];
+    SelectionProblem problem(c.shape, seed++);
+    const std::vector<float> q = problem.Queries(c.positions.size(), seed++);
+    std::vector<float> weights = RandomFloats(c.positions.size(), seed++, 0.0f, 1.0f);
+    weights.back() = 1.0f;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.shape.head_dim));
+    const size_t n = static_cast<size_t>(c.shape.num_kv_heads) * c.count;
+    std::vector<float> cpu(n, -1.0f), gpu(n, -1.0f);
+    cpu_->AttentionScores(problem.View(problem.k.data(), problem.v.data()), problem.blocks,
+                          q.data(), c.shape.num_heads, c.positions, weights, scale, c.count,
+                          cpu.data());
+    DeviceBuffer k = Upload(*cuda_, problem.k), v = Upload(*cuda_, problem.v);
+    cuda_->AttentionScores(problem.View(k.as<uint8_t>(), v.as<uint8_t>()), problem.blocks, q.data(),
+                           c.shape.num_heads, c.positions, weights, scale, c.count, gpu.data());
+    double worst = 0;
+    for (size_t e = 0; e < n; ++e) {
+      worst = std::max(worst, std::abs(double{gpu[e]} - cpu[e]) / std::max(cpu[e], 1e-6f));
+    }
+    std::printf("[ measured ] attention scores case %zu: max relative |cuda - cpu| = %.3g\n", i,
+                worst);
+    EXPECT_LE(worst, 1e-4) << "case " << i;
+  }
+}
+
+// SpecKV's compaction moves the bits the CPU's moves, on every cache type.
+TEST_F(CudaOpsTest, CompactKvIsBitwiseCpu) {
+  using ::ridgeserve::testing::SelectionProblem;
+  for (const DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    SelectionProblem problem({32, 8, 128, 16, 1500, dtype}, 400);
+    const int32_t n = 600;
+    const std::vector<int32_t> from = ::ridgeserve::testing::KeptPlaces(8, 1500, n, 401);
+    DeviceBuffer k = Upload(*cuda_, problem.k), v = Upload(*cuda_, problem.v);
+    cuda_->CompactKv(problem.View(k.as<uint8_t>(), v.as<uint8_t>()), problem.blocks, from, n);
+    cpu_->CompactKv(problem.View(problem.k.data(), problem.v.data()), problem.blocks, from, n);
+    EXPECT_EQ(Download<uint8_t>(*cuda_, k, problem.k.size()), problem.k) << KvCacheDTypeName(dtype);
+    EXPECT_EQ(Download<uint8_t>(*cuda_, v, problem.v.size()), problem.v) << KvCacheDTypeName(dtype);
+  }
+}
+
 TEST_F(CudaOpsTest, SampleMatchesCpu) {
   for (int32_t vocab : {49152, 400000}) {
     SCOPED_TRACE(vocab);

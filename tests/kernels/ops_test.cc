@@ -69,6 +69,11 @@ class CountingBackend final : public Backend {
                       double*) override {}
   void ShiftRows(const float*, const float*, int32_t, int32_t, float*) override {}
   void CopyColumns(const float*, int64_t, int32_t, int32_t, float*, int64_t) override {}
+  void AttentionScores(const KvLayerView&, std::span<const int32_t>, const float*, int32_t,
+                       std::span<const int32_t>, std::span<const float>, float, int32_t,
+                       float*) override {}
+  void CompactKv(const KvLayerView&, std::span<const int32_t>, std::span<const int32_t>,
+                 int32_t) override {}
   void Sample(float*, int32_t, std::span<const SampleSpec>, std::span<const int32_t>,
               SampledToken*) override {}
 
