@@ -166,31 +166,51 @@ void CublasLinear::Run(const uint16_t* x, int32_t n, const uint16_t* w, int64_t 
                                                   " and the pointers must allow 16-byte aligned "
                                                   "rows (k a multiple of 8)")));
   }
-  absl::StatusOr<cublasLtMatmulAlgo_t> algo = AlgorithmFor(k);
-  if (!algo.ok()) Fatal(algo.status());
   Layouts layouts;
   if (absl::Status s = layouts.Init(rows, n, k, ldy); !s.ok()) Fatal(s);
+  absl::StatusOr<cublasLtMatmulAlgo_t> algo =
+      AlgorithmForShape(rows, n, k, ldy, layouts.a, layouts.b, layouts.c);
+  if (!algo.ok()) Fatal(algo.status());
   const float alpha = 1.0f, beta = 0.0f;
-  cublasStatus_t status =
+  const cublasStatus_t status =
       cublasLtMatmul(handle_, desc_, &alpha, w, layouts.a, x, layouts.b, &beta, y, layouts.c, y,
                      layouts.c, &*algo, workspace_, workspace_bytes_, stream_);
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
-    // The per-k algorithm does not take this shape: this call's own heuristic, and a warning,
-    // since rows of this shape may then differ in the last bits from the same rows in others.
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    Fatal(CublasError(status, "cublasLtMatmul", __FILE__, __LINE__));
+  }
+}
+
+absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::AlgorithmForShape(int64_t rows, int64_t n,
+                                                                     int64_t k, int64_t ldy,
+                                                                     cublasLtMatrixLayout_t a,
+                                                                     cublasLtMatrixLayout_t b,
+                                                                     cublasLtMatrixLayout_t c) {
+  const auto key = std::make_tuple(rows, n, k, ldy);
+  if (auto it = shapes_.find(key); it != shapes_.end()) return it->second;
+  absl::StatusOr<cublasLtMatmulAlgo_t> algo = AlgorithmFor(k);
+  if (!algo.ok()) return algo.status();
+  // Host-side only (allowed while a graph is recorded, though a recorded shape has run before).
+  cublasLtMatmulHeuristicResult_t checked = {};
+  const cublasStatus_t status =
+      cublasLtMatmulAlgoCheck(handle_, desc_, a, b, c, c, &*algo, &checked);
+  if (status != CUBLAS_STATUS_SUCCESS || checked.workspaceSize > workspace_bytes_) {
+    // The per-k algorithm does not take this shape: the shape's own, and a warning, since rows
+    // of this shape may then differ in the last bits from the same rows in others.
     absl::StatusOr<cublasLtMatmulHeuristicResult_t> own = Heuristic(rows, n, k, ldy);
-    if (!own.ok()) Fatal(own.status());
+    if (!own.ok()) return own.status();
     if (warned_.insert(k).second) {
       std::fprintf(stderr,
                    "ridgeserve: cuBLASLt's algorithm for k = %lld does not take [%lld x %lld] x "
-                   "n = %d; using a per-shape one (batch invariance not guaranteed for k = %lld)\n",
+                   "n = %lld (%s); using a per-shape one (batch invariance not guaranteed for "
+                   "k = %lld)\n",
                    static_cast<long long>(k), static_cast<long long>(rows),
-                   static_cast<long long>(k), n, static_cast<long long>(k));
+                   static_cast<long long>(k), static_cast<long long>(n),
+                   cublasLtGetStatusName(status), static_cast<long long>(k));
     }
-    status = cublasLtMatmul(handle_, desc_, &alpha, w, layouts.a, x, layouts.b, &beta, y, layouts.c,
-                            y, layouts.c, &own->algo, workspace_, workspace_bytes_, stream_);
+    algo = own->algo;
   }
-  if (status != CUBLAS_STATUS_SUCCESS)
-    Fatal(CublasError(status, "cublasLtMatmul", __FILE__, __LINE__));
+  shapes_.emplace(key, *algo);
+  return *algo;
 }
 
 }  // namespace ridgeserve::cuda

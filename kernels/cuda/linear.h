@@ -7,7 +7,8 @@
 // (kReferenceRows x the reference batch, linear_plan.h) and kept for every later call with that
 // k, whatever n, the
 // row range or the row count; algorithms with split-K or a reduction scheme are refused. (If
-// cuBLASLt refuses that algorithm for some shape, that call takes its own, with a warning on
+// cuBLASLt refuses that algorithm for some shape, asked once per shape with
+// cublasLtMatmulAlgoCheck on the host, calls of that shape take their own, with a warning on
 // stderr naming k: the property then does not hold for that k.) With
 // one kernel, each output element is one fixed K-loop over the same k, so a row's result is
 // expected not to depend on n or its place in x. That is an expectation about cuBLASLt's
@@ -24,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <tuple>
 
 #include "absl/status/statusor.h"
 #include "kernels/cuda/linear_plan.h"
@@ -62,6 +64,13 @@ class CublasLinear {
   // with the workspace it needs.
   absl::StatusOr<cublasLtMatmulHeuristicResult_t> Heuristic(int64_t rows, int64_t n, int64_t k,
                                                             int64_t ldy);
+  // The algorithm for a call of this shape (a, b, c its layouts): AlgorithmFor(k) where
+  // cuBLASLt takes it with a workspace within ours, else the shape's own Heuristic; decided on
+  // the shape's first call and kept.
+  absl::StatusOr<cublasLtMatmulAlgo_t> AlgorithmForShape(int64_t rows, int64_t n, int64_t k,
+                                                         int64_t ldy, cublasLtMatrixLayout_t a,
+                                                         cublasLtMatrixLayout_t b,
+                                                         cublasLtMatrixLayout_t c);
 
   cublasLtHandle_t handle_;
   cublasLtMatmulDesc_t desc_ = nullptr;
@@ -70,7 +79,9 @@ class CublasLinear {
   cudaStream_t stream_;
   int64_t reference_n_;
   std::map<int64_t, cublasLtMatmulAlgo_t> algorithms_;  // by k
-  std::set<int64_t> warned_;                            // k that fell back to a per-shape one
+  // By (rows, n, k, ldy), every shape called so far.
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> shapes_;
+  std::set<int64_t> warned_;  // k that fell back to a per-shape one
 };
 
 }  // namespace ridgeserve::cuda
