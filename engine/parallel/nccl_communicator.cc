@@ -8,6 +8,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -35,24 +36,37 @@ absl::Status NcclError(ncclResult_t result, const char* call, const char* file, 
     }                                                                             \
   } while (0)
 
-// Shared by the group's ranks. `comms` are enqueued on under a shared lock and aborted under
-// the exclusive one, so no rank enqueues on a communicator Abort has destroyed; nobody waits
-// for the device while holding the lock (Abort must be able to end such a wait).
+// Shared by the group's ranks. `comms` are enqueued on under a shared lock and taken by Abort
+// under the exclusive one, after which no rank enqueues on them; nobody waits for the device
+// while holding the lock (Abort must be able to end such a wait).
 struct NcclCommunicatorGroup::State {
   std::vector<ncclComm_t> comms;
   std::shared_mutex mutex;
   std::atomic<bool> aborted{false};
   std::string reason;  // written once under the exclusive lock
 
+  // ncclCommAbort runs on a thread of its own: it stops the kernels at once (its abort flag),
+  // but then waits until every CUDA graph that captured the communicator's collectives is
+  // destroyed (NCCL >= 2.26, commDestroySync), and those are the ranks' decode graphs, which
+  // TensorParallelExecutor drops only once the failed step has returned on every rank. Waiting
+  // here, the rank or watchdog thread that aborts would never return.
   void Abort(std::string_view why) {
-    std::unique_lock lock(mutex);
-    if (aborted.load()) return;
-    reason = std::string(why);
-    aborted.store(true);
-    for (ncclComm_t& comm : comms) {
-      ncclCommAbort(comm);
-      comm = nullptr;
+    std::vector<ncclComm_t> taken;
+    {
+      std::unique_lock lock(mutex);
+      if (aborted.load()) return;
+      reason = std::string(why);
+      aborted.store(true);
+      for (ncclComm_t& comm : comms) {
+        taken.push_back(comm);
+        comm = nullptr;
+      }
     }
+    std::thread([taken = std::move(taken)] {
+      for (ncclComm_t comm : taken) {
+        if (comm != nullptr) ncclCommAbort(comm);
+      }
+    }).detach();
   }
   absl::Status AbortedStatus() {
     std::shared_lock lock(mutex);

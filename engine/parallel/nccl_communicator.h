@@ -12,13 +12,15 @@
 // x count floats into each GPU instead of a ring's 2 (size - 1) / size x count: the same at
 // size 2, 3.5x more at 8; an ncclAllReduce mode can be added where bits may differ.
 //
-// Failure: Abort (any thread) marks the group aborted and calls ncclCommAbort on every rank's
-// communicator, which also ends kernels stuck waiting for a dead peer; from then on every
-// collective returns Aborted naming the reason. NCCL communicators do not recover: make a new
-// group. Asynchronous NCCL errors found by Barrier abort the group the same way. Not reached by
-// an abort: a rank blocked inside an NCCL call (under the group's lock) because the launch
-// queue is full behind a kernel stuck on the failed peer. A peer that hangs on the device is
-// aborted by the engine's step watchdog (--step_timeout_s).
+// Failure: Abort (any thread) marks the group aborted and returns; a thread of its own calls
+// ncclCommAbort on every rank's communicator, which ends kernels stuck waiting for a dead peer
+// at once and then waits until the CUDA graphs that captured the group's collectives are
+// destroyed (TensorParallelExecutor drops the ranks' decode graphs when the group cannot be
+// reset). From the abort on, every collective returns Aborted naming the reason. NCCL communicators
+// do not recover: make a new group. Asynchronous NCCL errors found by Barrier abort the group the
+// same way. Not reached by an abort: a rank blocked inside an NCCL call (under the group's lock)
+// because the launch queue is full behind a kernel stuck on the failed peer. A peer that hangs on
+// the device is aborted by the engine's step watchdog (--step_timeout_s).
 #ifndef RIDGESERVE_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
 #define RIDGESERVE_ENGINE_PARALLEL_NCCL_COMMUNICATOR_H_
 

@@ -112,6 +112,11 @@ absl::Status TensorParallelExecutor::OnEveryRank(
         absl::UnavailableError(absl::StrCat("tensor-parallel group stopped: ", error.message(),
                                             "; it cannot be reset (", reset.message(), ")"));
     spdlog::error("{}", std::string(broken_.message()));
+    // No step runs again, and the decode graphs hold the aborted group's collectives: NCCL's
+    // abort does not finish while a graph that captured them exists (ncclCommAbort waits for
+    // their destruction), so they go now (the rank threads wait; a graph still in flight is
+    // freed when it ends).
+    for (LlamaModel* rank : ranks_) rank->SetDecodeGraphBuckets({});
   }
   return error;
 }

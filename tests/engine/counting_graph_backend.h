@@ -17,7 +17,7 @@ namespace ridgeserve::testing {
 // the recorded ops again, reading the buffers as they are then, as a CUDA graph replays its
 // launches: so the engine takes its decode-graph path (padded buckets, replays) on the CPU.
 // before_sample, when set, runs at the start of every Sample call (a test holds a step there);
-// with fail_record set, Record fails.
+// with fail_record set, Record fails. The backend must outlive its graphs.
 class CountingGraphBackend final : public ForwardingBackend {
  public:
   explicit CountingGraphBackend(Backend& inner) : ForwardingBackend(inner) {}
@@ -36,8 +36,10 @@ class CountingGraphBackend final : public ForwardingBackend {
       const std::function<absl::Status()>& ops) override {
     class Replayed final : public BackendGraph {
      public:
-      Replayed(std::function<absl::Status()> ops, std::atomic<int>& replays)
-          : ops_(std::move(ops)), replays_(replays) {}
+      Replayed(std::function<absl::Status()> ops, std::atomic<int>& replays,
+               std::atomic<int>& destroyed)
+          : ops_(std::move(ops)), replays_(replays), destroyed_(destroyed) {}
+      ~Replayed() override { ++destroyed_; }
       bool Replay() override {
         ++replays_;
         return ops_().ok();
@@ -46,13 +48,14 @@ class CountingGraphBackend final : public ForwardingBackend {
      private:
       std::function<absl::Status()> ops_;
       std::atomic<int>& replays_;
+      std::atomic<int>& destroyed_;
     };
     if (fail_record) return absl::InternalError("recording refused by the test");
     ++records;
-    return std::make_unique<Replayed>(ops, replays);
+    return std::make_unique<Replayed>(ops, replays, destroyed);
   }
 
-  std::atomic<int> allocs = 0, records = 0, replays = 0;
+  std::atomic<int> allocs = 0, records = 0, replays = 0, destroyed = 0;  // destroyed: graphs
   std::function<void()> before_sample;
   std::atomic<bool> fail_record = false;
 };

@@ -538,6 +538,38 @@ TEST_F(EngineTest, ARankThatCannotRecordFailsTheStartAndTheGroupServesOn) {
   EXPECT_EQ(out.tokens.size(), 6u);
 }
 
+// A group that cannot be reset after a failed step (NCCL's) drops every rank's decode graphs at
+// once: they would never replay, and NCCL's abort waits until the graphs holding the aborted
+// collectives are destroyed. Here rank 1 fails the third step (a decode step on the graphs) and
+// the group is not reset: the request fails, the engine is broken, and every graph recorded at
+// the start is destroyed while the engine still exists.
+TEST_F(EngineTest, AGroupThatCannotBeResetDropsEveryRanksDecodeGraphs) {
+  const std::unique_ptr<CountedShards> shards = ShardOnCountingBackends();
+  ASSERT_NE(shards, nullptr);
+  EngineOptions options;
+  options.kv_cache_tokens = 1024;
+  options.scheduler.max_running_requests = 4;
+  ASSERT_EQ(setenv("RIDGESERVE_TEST_TP_FAULT", "1:3:unrecoverable", 1), 0);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(*shards->model, options);
+  ASSERT_EQ(unsetenv("RIDGESERVE_TEST_TP_FAULT"), 0);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const int buckets = static_cast<int>(LlamaModel::DecodeGraphBuckets(4).size());
+  for (const auto& c : shards->counting) {
+    ASSERT_EQ(c->records, buckets);
+    EXPECT_EQ(c->destroyed, 0);
+  }
+  auto done = std::make_shared<std::promise<Outcome>>();
+  std::future<Outcome> outcome = done->get_future();
+  ASSERT_TRUE((*engine)->Submit(Greedy(RandomTokens(30, 71), 8, done)).ok());
+  const Outcome out = outcome.get();
+  EXPECT_FALSE(out.status.ok()) << out.tokens.size() << " tokens";
+  EXPECT_TRUE((*engine)->stats().broken);
+  for (size_t r = 0; r < shards->counting.size(); ++r) {
+    EXPECT_GT(shards->counting[r]->replays, 0) << "rank " << r;  // the second step replayed
+    EXPECT_EQ(shards->counting[r]->destroyed, buckets) << "rank " << r;
+  }
+}
+
 // A step that hangs (here its sampling waits, as a device that never finishes the step would)
 // stalls the engine once it passes the step timeout: the engine is reported broken while the
 // step still hangs, new requests are refused UNAVAILABLE at once, and the hung step's request

@@ -74,6 +74,7 @@ case $kind in
       'DecodeGraphsAtTensorParallel3ReplayOnEveryRankAndAnswerAsEagerSteps'
       'StaleDecodeGraphsAtTensorParallel3RunEagerlyOnEveryRank'
       'ARankThatCannotRecordFailsTheStartAndTheGroupServesOn'
+      'AGroupThatCannotBeResetDropsEveryRanksDecodeGraphs'
     )
     ctest --test-dir "$build" -R "^EngineTest\.($(join "${engine_threads[@]}"))\$" \
       --output-on-failure --no-tests=error -j "$jobs"
