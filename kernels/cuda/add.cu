@@ -18,7 +18,7 @@ void LaunchAdd(float* x, const float* y, size_t count, cudaStream_t stream) {
   if (count == 0) return;
   const int64_t n = static_cast<int64_t>(count);
   AddKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(x, y, n);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

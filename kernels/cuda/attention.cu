@@ -252,7 +252,7 @@ void LaunchMerge(const AttentionParams& p, const float* workspace, cudaStream_t 
   const int64_t items = int64_t{p.num_rows} * p.num_heads;
   const unsigned blocks = static_cast<unsigned>((items + kMergeWarps - 1) / kMergeWarps);
   MergeKernel<<<blocks, 32 * kMergeWarps, 0, stream>>>(p, workspace);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 template <int kCode>
@@ -261,12 +261,12 @@ void Launch(const AttentionParams& p, const AttentionPlan& plan, float* workspac
   if (plan.split) {
     const dim3 grid(p.num_rows, p.num_kv_heads, kSplitSlots);
     SplitKernel<kCode><<<grid, plan.threads, plan.shared_bytes, stream>>>(p, workspace);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK_LAUNCH(stream);
     LaunchMerge(p, workspace, stream);
   } else {
     const dim3 grid(p.num_rows, p.num_kv_heads);
     WalkerKernel<kCode><<<grid, plan.threads, plan.shared_bytes, stream>>>(p);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK_LAUNCH(stream);
   }
 }
 

@@ -118,10 +118,10 @@ __global__ void __launch_bounds__(32 * kWarps) ScoresKernel(AttentionScoresParam
 template <int kCode>
 void Launch(const AttentionScoresParams& p, cudaStream_t stream) {
   StatsKernel<kCode><<<dim3(p.num_kv_heads, p.rows), 32 * kWarps, 0, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
   ScoresKernel<kCode>
       <<<dim3((p.count + kWarps - 1) / kWarps, p.num_kv_heads), 32 * kWarps, 0, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace

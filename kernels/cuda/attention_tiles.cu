@@ -409,7 +409,7 @@ void LaunchTiles(const AttentionParams& p, const AttentionPlan& plan, const int3
                  float* states, cudaStream_t stream) {
   const dim3 grid(plan.grid_tiles, p.num_kv_heads, kWalk ? 1 : kSplitSlots);
   TileKernel<kHeadDim, kWalk><<<grid, kTileThreads, plan.shared_bytes, stream>>>(p, list, states);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 template <int kHeadDim>
@@ -436,7 +436,7 @@ void LaunchAttentionTiles(const AttentionParams& p, const AttentionPlan& plan, v
   int32_t* list =
       reinterpret_cast<int32_t*>(static_cast<unsigned char*>(workspace) + plan.tile_list_offset);
   BuildTiles<<<1, kBuildThreads, 0, stream>>>(p.seq, p.num_rows, plan.tile_rows, list);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
   if (p.head_dim == 64) {
     plan.split ? LaunchTiles<64, false>(p, plan, list, states, stream)
                : LaunchTiles<64, true>(p, plan, list, states, stream);

@@ -43,9 +43,9 @@ void LaunchCompactKv(const CompactKvParams& p, cudaStream_t stream) {
       CompactKvScratchBytes(p.element_bytes, p.num_kv_heads, p.head_dim, p.n) / 2);
   if (total <= 0) return;
   GatherKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(p, total);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
   ScatterKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(p, total);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

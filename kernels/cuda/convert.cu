@@ -27,7 +27,7 @@ void LaunchF32ToBF16(const float* src, size_t count, uint16_t* dst, cudaStream_t
   if (count == 0) return;
   const int64_t n = static_cast<int64_t>(count);
   F32ToBF16Kernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(src, n, dst);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 void LaunchAddBias(float* y, int64_t ld, int32_t n, int64_t cols, const float* bias,
@@ -36,7 +36,7 @@ void LaunchAddBias(float* y, int64_t ld, int32_t n, int64_t cols, const float* b
   if (total <= 0) return;
   AddBiasKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(y, ld, cols, total,
                                                                               bias);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace ridgeserve::cuda {
 
@@ -22,6 +23,11 @@ absl::Status CudaError(cudaError_t error, const char* call, const char* file, in
 absl::Status CublasError(cublasStatus_t status, const char* call, const char* file, int line);
 // Logs the status to stderr and aborts.
 [[noreturn]] void Fatal(const absl::Status& status);
+// CUDA_CHECK_LAUNCH's work.
+void CheckLaunch(cudaStream_t stream, const char* file, int line);
+// RIDGESERVE_CUDA_SYNC_LAUNCHES's value: unset, empty or "0" is off (false), "1" on;
+// InvalidArgument naming the variable otherwise.
+absl::StatusOr<bool> SyncLaunches(const char* env_value);
 
 }  // namespace ridgeserve::cuda
 
@@ -59,7 +65,11 @@ absl::Status CublasError(cublasStatus_t status, const char* call, const char* fi
     }                                                                                     \
   } while (0)
 
-// After a kernel launch: launch-configuration errors surface here, at the launcher's line.
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+// After a kernel launch on `stream`: launch-configuration errors surface here, at the
+// launcher's line. A fault inside the kernel surfaces at the next wait for the device, naming
+// that call; for triage, RIDGESERVE_CUDA_SYNC_LAUNCHES=1 waits after every launch on a stream
+// that is not being recorded, so the fault names the launcher's line (slow: tests/gpu/run.sh
+// reruns a test that crashed its process this way).
+#define CUDA_CHECK_LAUNCH(stream) ::ridgeserve::cuda::CheckLaunch((stream), __FILE__, __LINE__)
 
 #endif  // RIDGESERVE_KERNELS_CUDA_CUDA_CHECK_H_

@@ -26,7 +26,7 @@ void LaunchEmbed(const uint16_t* table, int64_t rows, int64_t dim, int64_t id_be
   if (total <= 0) return;
   EmbedKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(
       table, rows, dim, id_begin, ids, total, out);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

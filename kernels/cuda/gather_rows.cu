@@ -22,7 +22,7 @@ void LaunchGatherRows(const float* src, int32_t dim, const int32_t* index, int32
   if (total <= 0) return;
   GatherRowsKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(src, dim, index,
                                                                                  total, dst);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

@@ -21,7 +21,7 @@ void LaunchSumRanksInOrder(const float* gathered, int ranks, size_t count, float
   if (count == 0) return;
   const int64_t n = static_cast<int64_t>(count);
   SumRanksKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(gathered, ranks, n, out);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

@@ -61,7 +61,7 @@ void LaunchRmsNorm(const float* x, const float* w, int32_t n, int32_t dim, float
                    cudaStream_t stream) {
   if (n <= 0) return;
   RmsNormKernel<<<n, kRowThreads, 0, stream>>>(x, w, dim, eps, out);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 void LaunchRmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head_dim,
@@ -71,7 +71,7 @@ void LaunchRmsNormHeads(float* x, int32_t ld, int32_t n, int32_t num_heads, int3
   const unsigned blocks = static_cast<unsigned>((items + kHeadWarps - 1) / kHeadWarps);
   RmsNormHeadsKernel<<<blocks, 32 * kHeadWarps, 0, stream>>>(x, ld, items, num_heads, head_dim, w,
                                                              eps);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

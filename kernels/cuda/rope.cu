@@ -33,7 +33,7 @@ void LaunchRope(float* x, int32_t ld, int32_t n, int32_t num_heads, int32_t head
   if (total <= 0) return;
   RopeKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(
       x, ld, num_heads, half, total, positions, inv_freq);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

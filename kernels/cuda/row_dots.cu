@@ -31,7 +31,7 @@ void LaunchShiftedRowDots(const float* a, const float* shift, const float* b, in
   if (n <= 0) return;
   const unsigned blocks = static_cast<unsigned>((n + kWarpsPerBlock - 1) / kWarpsPerBlock);
   ShiftedRowDotsKernel<<<blocks, kElementwiseThreads, 0, stream>>>(a, shift, b, n, dim, out);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

@@ -299,7 +299,7 @@ void LaunchSample(const SampleArgs& a, cudaStream_t stream) {
   const uint64_t* sorted = nullptr;
   if (a.num_slots > 0) {
     SortKeysKernel<<<a.num_slots, kThreads, a.bitmap_bytes, stream>>>(a);
-    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK_LAUNCH(stream);
     size_t bytes = a.sort_temp_bytes;
     cub::DoubleBuffer<uint64_t> keys(a.keys[0], a.keys[1]);
     CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortKeysDescending(
@@ -308,7 +308,7 @@ void LaunchSample(const SampleArgs& a, cudaStream_t stream) {
     sorted = keys.Current();
   }
   DrawKernel<<<a.num_specs, kThreads, a.bitmap_bytes, stream>>>(a, sorted);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

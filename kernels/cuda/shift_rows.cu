@@ -21,7 +21,7 @@ void LaunchShiftRows(const float* a, const float* shift, int32_t n, int32_t dim,
   if (count <= 0) return;
   ShiftRowsKernel<<<ElementwiseBlocks(count), kElementwiseThreads, 0, stream>>>(a, shift, dim,
                                                                                 count, out);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

@@ -53,7 +53,7 @@ void LaunchStoreKv(void* cache_k, void* cache_v, int dtype_code, const float* k,
       StoreKvKernel<2><<<blocks, kElementwiseThreads, 0, stream>>>(cache_k, cache_v, k, v, ld,
                                                                    width, total, slots);
   }
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

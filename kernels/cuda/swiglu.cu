@@ -22,7 +22,7 @@ void LaunchSwiGlu(const float* gate_up, int32_t n, int32_t ff, uint16_t* out, cu
   if (total <= 0) return;
   SwiGluKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(gate_up, ff, total,
                                                                              out);
-  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 }  // namespace ridgeserve::cuda

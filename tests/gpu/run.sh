@@ -9,7 +9,9 @@
 #     that folder) with its libraries on LD_LIBRARY_PATH; USE_PREBUILT=1 goes there directly.
 #  2. Tests: every GPU test binary (ops vs CPU, batch invariance, the default model vs CPU, NCCL
 #     with one rank, the registry, the planner), each binary whole, again past a test that ends
-#     its process (a device fault) or hangs; pass / fail / skip counts per binary. If the tensor-core attention's tests fail, what follows runs with
+#     its process (a device fault: that test runs once more alone with
+#     RIDGESERVE_CUDA_SYNC_LAUNCHES=1, naming the kernel) or hangs; pass / fail / skip counts per
+#     binary. If the tensor-core attention's tests fail, what follows runs with
 #     RIDGESERVE_CUDA_ATTENTION=rows (the f32 rows kernels) and the summary says so. Then the
 #     server on --backend cuda (tests/gpu/server_check.sh): six greedy answers sent at once equal
 #     the same sent one at a time, and /metrics counts the tokens.
@@ -193,6 +195,14 @@ for t in "${TESTS[@]}"; do
       failed=$((failed + 1)); done_names+=("$crashed"); FAILED_TESTS+=("$crashed")
       say "  FAILED $t $crashed: the process ended inside it (rc $rc)"
       tail -6 "$one" | tee -a "$SUMMARY"
+      # Once more alone, waiting after every launch: a fault inside a kernel then names the
+      # launcher's line instead of the next wait's.
+      run_for 60 env RIDGESERVE_CUDA_SYNC_LAUNCHES=1 "$BIN/$t" --gtest_color=no \
+        --gtest_filter="$crashed" >"$one.sync" 2>&1
+      say "  $crashed alone with RIDGESERVE_CUDA_SYNC_LAUNCHES=1:"
+      grep -m 3 -E 'fatal CUDA error|Failure' "$one.sync" | tee -a "$SUMMARY"
+      cat "$one.sync" >>"$log"
+      rm -f "$one.sync"
       continue
     fi
     break
