@@ -287,8 +287,9 @@ class Backend {
   // (query head h belongs to KV head h / (num_heads / num_kv_heads)). The sequence's place p is
   // slot blocks[p / block_size] * block_size + p % block_size. q [rows, num_heads * head_dim],
   // positions and weights [rows], blocks and scores [num_kv_heads, count] are on the host; this
-  // returns once scores are there. CPU: kernels/cpu/attention.h; a backend that computes in
-  // another order says so in its header.
+  // returns once scores are there. A key past every row's position scores 0 and is not read
+  // (`blocks` need only reach the largest position). CPU: kernels/cpu/attention_scores.h; a
+  // backend that computes in another order says so in its header.
   virtual void AttentionScores(const KvLayerView& cache, std::span<const int32_t> blocks,
                                const float* q, int32_t num_heads,
                                std::span<const int32_t> positions, std::span<const float> weights,

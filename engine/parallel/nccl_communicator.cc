@@ -43,30 +43,30 @@ struct NcclCommunicatorGroup::State {
   std::vector<ncclComm_t> comms;
   std::shared_mutex mutex;
   std::atomic<bool> aborted{false};
-  std::string reason;  // written once under the exclusive lock
+  std::string reason;   // written once under the exclusive lock
+  std::thread aborter;  // Abort's; joined by the group's destructor
 
   // ncclCommAbort runs on a thread of its own: it stops the kernels at once (its abort flag),
   // but then waits until every CUDA graph that captured the communicator's collectives is
   // destroyed (NCCL >= 2.26, commDestroySync), and those are the ranks' decode graphs, which
-  // TensorParallelExecutor drops only once the failed step has returned on every rank. Waiting
-  // here, the rank or watchdog thread that aborts would never return.
+  // go when the failed step has returned on every rank (TensorParallelExecutor) or, after an
+  // abort by the step watchdog, with the engine. Waiting here, the rank or watchdog thread that
+  // aborts would never return.
   void Abort(std::string_view why) {
+    std::unique_lock lock(mutex);
+    if (aborted.load()) return;
+    reason = std::string(why);
+    aborted.store(true);
     std::vector<ncclComm_t> taken;
-    {
-      std::unique_lock lock(mutex);
-      if (aborted.load()) return;
-      reason = std::string(why);
-      aborted.store(true);
-      for (ncclComm_t& comm : comms) {
-        taken.push_back(comm);
-        comm = nullptr;
-      }
+    for (ncclComm_t& comm : comms) {
+      taken.push_back(comm);
+      comm = nullptr;
     }
-    std::thread([taken = std::move(taken)] {
+    aborter = std::thread([taken = std::move(taken)] {
       for (ncclComm_t comm : taken) {
         if (comm != nullptr) ncclCommAbort(comm);
       }
-    }).detach();
+    });
   }
   absl::Status AbortedStatus() {
     std::shared_lock lock(mutex);
@@ -230,6 +230,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicatorGroup>> NcclCommunicatorGroup::Cr
 
 NcclCommunicatorGroup::~NcclCommunicatorGroup() {
   ranks_.clear();
+  // An abort's end: by now no graph holds the group's collectives (an engine drops its
+  // recordings when it goes).
+  if (state_->aborter.joinable()) state_->aborter.join();
   std::unique_lock lock(state_->mutex);
   for (ncclComm_t comm : state_->comms) {
     if (comm != nullptr) ncclCommDestroy(comm);

@@ -98,6 +98,10 @@ __global__ void __launch_bounds__(32 * kWarps) ScoresKernel(AttentionScoresParam
   const int32_t j = blockIdx.x * kWarps + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (j >= p.count) return;
+  if (j > p.max_position) {  // no row sees it
+    if (lane == 0) p.scores[int64_t{g} * p.count + j] = 0.0f;
+    return;
+  }
   const int group = p.num_heads / p.num_kv_heads;
   float k[kDimsPerLane];
   LoadKey<kCode>(p, g, j, lane, k);

@@ -9,7 +9,11 @@
 //           (row, query head) gets m = max_j s_j and l = sum_j exp(s_j - m) (the sum's order
 //           differs from the CPU's j order, and exp is CUDA's expf: within a few ulp of it).
 //   scores: one warp per (KV head, key j < count): max over the rows that see j and the group's
-//           heads of weights[r] * expf(s_j - m) / l, s_j computed as in the stats kernel.
+//           heads of weights[r] * expf(s_j - m) / l, s_j computed as in the stats kernel; 0 for
+//           a key past every row's position, which is not read (the block table need not reach
+//           it).
+// The logits themselves differ from the CPU's in the last bits too: the dot product is FMAs per
+// lane added in a butterfly, not the CPU's eight running sums.
 // A max does not depend on the order it is taken in, so the result is deterministic.
 #ifndef RIDGESERVE_KERNELS_CUDA_ATTENTION_SCORES_H_
 #define RIDGESERVE_KERNELS_CUDA_ATTENTION_SCORES_H_
@@ -37,6 +41,7 @@ struct AttentionScoresParams {
   int32_t head_dim = 0;
   int32_t num_heads = 0;
   int32_t rows = 0;
+  int32_t max_position = 0;  // the largest of positions: no key past it is read
   int32_t count = 0;
   float scale = 0.0f;
   float2* stats = nullptr;  // scratch [rows, num_heads]: (m, l)

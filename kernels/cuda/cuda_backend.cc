@@ -492,6 +492,7 @@ class CudaBackend final : public Backend {
     p.head_dim = cache.head_dim;
     p.num_heads = num_heads;
     p.rows = rows;
+    p.max_position = *std::max_element(positions.begin(), positions.end());
     p.count = count;
     p.scale = scale;
     p.stats = reinterpret_cast<float2*>(base + stats_at);

@@ -24,8 +24,9 @@
 //     arithmetic per element; only reduction orders (RmsNorm's double sum) differ from the CPU.
 //   - ShiftedRowDots: kernels/cuda/row_dots.h (a fixed tree, not the CPU's j order).
 //   - Sample: kernels/cuda/sample.h (the CPU's token except where rounding decides).
-//   - AttentionScores: kernels/cuda/attention_scores.h (each softmax's sum in another order and
-//     CUDA's expf: within a few ulp of the CPU's scores). CompactKv: the CPU's bits.
+//   - AttentionScores: kernels/cuda/attention_scores.h (the logits' dot products and each
+//     softmax's sum in other orders, CUDA's expf: within a few ulp of the CPU's scores).
+//     CompactKv: the CPU's bits.
 //   - DefaultKvCacheDType: BF16 (the activations' precision already; half the bytes of F32).
 // Op failures (a device fault, a launch error) abort with one line naming the call and its
 // file:line (kernels/cuda/cuda_check.h): Backend v2's ops have no status to return.

@@ -172,12 +172,38 @@ void CublasLinear::Run(const uint16_t* x, int32_t n, const uint16_t* w, int64_t 
       AlgorithmForShape(rows, n, k, ldy, layouts.a, layouts.b, layouts.c);
   if (!algo.ok()) Fatal(algo.status());
   const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t status =
-      cublasLtMatmul(handle_, desc_, &alpha, w, layouts.a, x, layouts.b, &beta, y, layouts.c, y,
-                     layouts.c, &*algo, workspace_, workspace_bytes_, stream_);
+  const auto run = [&](const cublasLtMatmulAlgo_t& with) {
+    return cublasLtMatmul(handle_, desc_, &alpha, w, layouts.a, x, layouts.b, &beta, y, layouts.c,
+                          y, layouts.c, &with, workspace_, workspace_bytes_, stream_);
+  };
+  cublasStatus_t status = run(*algo);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    // The check passed but the GEMM refused (cublasLtMatmulAlgoCheck does not guarantee it
+    // runs): the shape's own algorithm from now on.
+    absl::StatusOr<cublasLtMatmulAlgo_t> own =
+        FallBack(rows, n, k, ldy, "cublasLtMatmul refused it");
+    if (!own.ok()) Fatal(own.status());
+    status = run(*own);
+  }
   if (status != CUBLAS_STATUS_SUCCESS) {
     Fatal(CublasError(status, "cublasLtMatmul", __FILE__, __LINE__));
   }
+}
+
+absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::FallBack(int64_t rows, int64_t n, int64_t k,
+                                                            int64_t ldy, const std::string& why) {
+  absl::StatusOr<cublasLtMatmulHeuristicResult_t> own = Heuristic(rows, n, k, ldy);
+  if (!own.ok()) return own.status();
+  if (warned_.insert(k).second) {
+    std::fprintf(stderr,
+                 "ridgeserve: cuBLASLt's algorithm for k = %lld does not take [%lld x %lld] x "
+                 "n = %lld (%s); using a per-shape one (batch invariance not guaranteed for "
+                 "k = %lld)\n",
+                 static_cast<long long>(k), static_cast<long long>(rows), static_cast<long long>(k),
+                 static_cast<long long>(n), why.c_str(), static_cast<long long>(k));
+  }
+  shapes_[std::make_tuple(rows, n, k, ldy)] = own->algo;
+  return own->algo;
 }
 
 absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::AlgorithmForShape(int64_t rows, int64_t n,
@@ -193,21 +219,14 @@ absl::StatusOr<cublasLtMatmulAlgo_t> CublasLinear::AlgorithmForShape(int64_t row
   cublasLtMatmulHeuristicResult_t checked = {};
   const cublasStatus_t status =
       cublasLtMatmulAlgoCheck(handle_, desc_, a, b, c, c, &*algo, &checked);
-  if (status != CUBLAS_STATUS_SUCCESS || checked.workspaceSize > workspace_bytes_) {
-    // The per-k algorithm does not take this shape: the shape's own, and a warning, since rows
-    // of this shape may then differ in the last bits from the same rows in others.
-    absl::StatusOr<cublasLtMatmulHeuristicResult_t> own = Heuristic(rows, n, k, ldy);
-    if (!own.ok()) return own.status();
-    if (warned_.insert(k).second) {
-      std::fprintf(stderr,
-                   "ridgeserve: cuBLASLt's algorithm for k = %lld does not take [%lld x %lld] x "
-                   "n = %lld (%s); using a per-shape one (batch invariance not guaranteed for "
-                   "k = %lld)\n",
-                   static_cast<long long>(k), static_cast<long long>(rows),
-                   static_cast<long long>(k), static_cast<long long>(n),
-                   cublasLtGetStatusName(status), static_cast<long long>(k));
-    }
-    algo = own->algo;
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    return FallBack(rows, n, k, ldy,
+                    absl::StrCat("cublasLtMatmulAlgoCheck: ", cublasLtGetStatusName(status)));
+  }
+  if (checked.workspaceSize > workspace_bytes_) {
+    return FallBack(rows, n, k, ldy,
+                    absl::StrCat("it needs ", checked.workspaceSize, " bytes of workspace, ",
+                                 workspace_bytes_, " here"));
   }
   shapes_.emplace(key, *algo);
   return *algo;

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string>
 #include <tuple>
 
 #include "absl/status/statusor.h"
@@ -65,8 +66,8 @@ class CublasLinear {
   absl::StatusOr<cublasLtMatmulHeuristicResult_t> Heuristic(int64_t rows, int64_t n, int64_t k,
                                                             int64_t ldy);
   // The algorithm for a call of this shape (a, b, c its layouts): AlgorithmFor(k) where
-  // cuBLASLt takes it with a workspace within ours, else the shape's own Heuristic; decided on
-  // the shape's first call and kept.
+  // cuBLASLt takes it with a workspace within ours, else FallBack's; decided on the shape's
+  // first call and kept.
   absl::StatusOr<cublasLtMatmulAlgo_t> AlgorithmForShape(int64_t rows, int64_t n, int64_t k,
                                                          int64_t ldy, cublasLtMatrixLayout_t a,
                                                          cublasLtMatrixLayout_t b,
@@ -78,6 +79,11 @@ class CublasLinear {
   size_t workspace_bytes_;
   cudaStream_t stream_;
   int64_t reference_n_;
+  // The shape's own Heuristic, kept for it from now on, with a warning (once per k) saying
+  // `why` the per-k algorithm is not used.
+  absl::StatusOr<cublasLtMatmulAlgo_t> FallBack(int64_t rows, int64_t n, int64_t k, int64_t ldy,
+                                                const std::string& why);
+
   std::map<int64_t, cublasLtMatmulAlgo_t> algorithms_;  // by k
   // By (rows, n, k, ldy), every shape called so far.
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, cublasLtMatmulAlgo_t> shapes_;

@@ -865,18 +865,11 @@ TEST_F(CudaOpsTest, AttentionRowIsBitwiseTheSameAloneInBatchesAndAnyPaging) {
   }
 }
 
-// Backend::Sample: a step of mixed specs (greedy, plain, top-k, top-p, min-p, penalties,
-// log-probabilities) on each backend, each spec drawn 20 times (draws 0..19). The CUDA token is
-// the CPU's except where the target lands within rounding of a cumulative boundary (CUDA's expf
-// and chunked double sums against glibc's and a sequential sum: ~1e-7 relative), so at most one
-// draw in a thousand may differ; log-probabilities are double sums of the same terms. The
-// vocabularies are the default model's and one whose penalty bitmap (50,000 bytes) needs more
-// than the 48 KiB of shared memory a kernel gets without opting in.
-// SpecPC's and SpecKV's scores: the CPU's within float rounding (the device sums each row's
-// softmax in another order and exp is expf: a few ulp of a probability, stated in
+// SpecPC's and SpecKV's scores: the CPU's within float rounding (the device adds the dot
+// products and each row's softmax in other orders and exp is expf: a few ulp, stated in
 // kernels/cuda/attention_scores.h), relative to each score, on every cache type, with NaN in
 // every slot the sequence does not own, at the shapes of SmolLM2, Llama-3.1-8B (group 4, dim 128),
-// a group of 16 at dim 256, and head_dim 24 (a partial lane).
+// a group of 16 at dim 256, head_dim 24 (a partial lane), and with keys no row sees.
 TEST_F(CudaOpsTest, AttentionScoresMatchCpu) {
   using ::ridgeserve::testing::ScoresCase;
   using ::ridgeserve::testing::SelectionProblem;
@@ -885,6 +878,8 @@ TEST_F(CudaOpsTest, AttentionScoresMatchCpu) {
       {{32, 8, 128, 16, 2100, DType::kBF16}, {2000, 2040, 2080, 2099}, 2050},
       {{16, 1, 256, 32, 500, DType::kF16}, {450, 499}, 480},
       {{4, 4, 24, 16, 90, DType::kF32, 6.0f}, {60, 70, 89}, 80},
+      // Keys no row sees (score 0, not read: count is past the sequence's blocks).
+      {{6, 2, 32, 16, 40, DType::kF16}, {5, 9}, 60},
   };
   uint32_t seed = 300;
   for (size_t i = 0; i < std::size(cases); ++i) {
@@ -927,6 +922,13 @@ TEST_F(CudaOpsTest, CompactKvIsBitwiseCpu) {
   }
 }
 
+// Backend::Sample: a step of mixed specs (greedy, plain, top-k, top-p, min-p, penalties,
+// log-probabilities) on each backend, each spec drawn 20 times (draws 0..19). The CUDA token is
+// the CPU's except where the target lands within rounding of a cumulative boundary (CUDA's expf
+// and chunked double sums against glibc's and a sequential sum: ~1e-7 relative), so at most one
+// draw in a thousand may differ; log-probabilities are double sums of the same terms. The
+// vocabularies are the default model's and one whose penalty bitmap (50,000 bytes) needs more
+// than the 48 KiB of shared memory a kernel gets without opting in.
 TEST_F(CudaOpsTest, SampleMatchesCpu) {
   for (int32_t vocab : {49152, 400000}) {
     SCOPED_TRACE(vocab);
