@@ -1,6 +1,6 @@
 // Prefill, decode and RidgeFill speed of a model on one backend, for tests/gpu/run.sh (not a
 // test). One JSON object on stdout, and each measurement on stderr as it is taken (decode
-// first, then prefill and RidgeFill per length, then attention alone):
+// first, then prefill and RidgeFill per length, then attention alone, then SpecKV's selection):
 //   cuda_bench --backend cuda --model models/SmolLM2-135M-Instruct.Q4_1.gguf
 //   cuda_bench --backend cuda --random_config tests/gpu/llama31_8b_config.json
 //     --prefill_tokens 8192,32768 --decode_batches 1,16,64 --ridgefill_depths 0.5,0.667
@@ -20,12 +20,15 @@
 // over every row of an N-token prompt of the model's attention shape (random queries and K/V),
 // on a cache of the backend's default type and, up to --attention_f16_up_to tokens, an f16 one
 // (on CUDA: the tiles against the rows kernels), best of --repeats after a warm-up, with its
-// FLOPs (4 x heads x head_dim x N(N+1)/2) per second.
+// FLOPs (4 x heads x head_dim x N(N+1)/2) per second. SpecKV's selection (--selection_tokens):
+// one layer's Backend::AttentionScores (96 query rows over N - 96 keys) and CompactKv
+// (--selection_budget entries per KV head) at a context of N, and the model's layers' worth.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -66,6 +69,9 @@ ABSL_FLAG(double, peak_tflops, 0, "dense peak of the device for MFU (H200 bf16: 
 ABSL_FLAG(double, peak_hbm_gbps, 0, "memory bandwidth for decode's share (H200: 4800; 0: none)");
 ABSL_FLAG(int32_t, threads, 0, "cpu backend threads (0: all)");
 ABSL_FLAG(std::string, attention_tokens, "", "prompt lengths to time attention alone at");
+ABSL_FLAG(std::string, selection_tokens, "",
+          "contexts to time SpecKV's selection of one layer at (scores and compaction)");
+ABSL_FLAG(int32_t, selection_budget, 1024, "SpecKV's budget for --selection_tokens");
 ABSL_FLAG(int32_t, attention_f16_up_to, 0,
           "also time attention on an f16 cache at lengths up to this (0: never)");
 
@@ -135,6 +141,14 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RandomMaps(LlamaModel& llama,
   return RidgeFillMaps::Load(maps, llama);
 }
 
+// n values uniform in [-1, 1).
+std::vector<float> RandomFloats(size_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = uniform(rng);
+  return v;
+}
+
 DeviceBuffer Upload(Backend& backend, const void* host, size_t bytes) {
   absl::StatusOr<DeviceBuffer> buffer = backend.Alloc(bytes);
   if (!buffer.ok()) return DeviceBuffer();
@@ -142,44 +156,59 @@ DeviceBuffer Upload(Backend& backend, const void* host, size_t bytes) {
   return *std::move(buffer);
 }
 
+// A one-layer cache of `dtype` holding n tokens of one sequence (blocks 0, 1, ... in order) with
+// random K/V; `rng` draws them. The positions 0..n-1 stay uploaded in *positions_buffer.
+absl::StatusOr<PagedKvCache> RandomOneLayerCache(Backend& backend, const ModelConfig& c, int32_t n,
+                                                 DType dtype, std::mt19937& rng,
+                                                 DeviceBuffer* positions_buffer) {
+  constexpr int32_t kBlock = 16;
+  RS_ASSIGN_OR_RETURN(
+      PagedKvCache cache,
+      PagedKvCache::Create(backend, KvCacheShape{1, c.num_kv_heads, c.head_dim, kBlock,
+                                                 (n + kBlock - 1) / kBlock, dtype}));
+  const int32_t kv_width = c.num_kv_heads * c.head_dim;
+  const std::vector<float> k = RandomFloats(size_t(n) * kv_width, rng),
+                           v = RandomFloats(size_t(n) * kv_width, rng);
+  std::vector<int32_t> positions(n);
+  std::iota(positions.begin(), positions.end(), 0);
+  DeviceBuffer dk = Upload(backend, k.data(), sizeof(float) * k.size());
+  DeviceBuffer dv = Upload(backend, v.data(), sizeof(float) * v.size());
+  *positions_buffer = Upload(backend, positions.data(), sizeof(int32_t) * n);
+  for (const DeviceBuffer* b :
+       std::initializer_list<const DeviceBuffer*>{&dk, &dv, positions_buffer}) {
+    if (b->as<void>() == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("a cache of ", n, " tokens: no memory"));
+    }
+  }
+  backend.StoreKv(cache.layer(0), dk.as<float>(), dv.as<float>(), kv_width, n,
+                  positions_buffer->as<int32_t>());
+  return cache;
+}
+
 // Seconds of the best of `repeats` Attention calls over the n rows of one n-token sequence (K/V
 // stored first) on a one-layer cache of `dtype`, after one untimed call.
 absl::StatusOr<double> TimeAttention(Backend& backend, const ModelConfig& c, int32_t n, DType dtype,
                                      int32_t repeats) {
-  constexpr int32_t kBlock = 16;
-  const int32_t blocks = (n + kBlock - 1) / kBlock;
-  RS_ASSIGN_OR_RETURN(PagedKvCache cache,
-                      PagedKvCache::Create(backend, KvCacheShape{1, c.num_kv_heads, c.head_dim,
-                                                                 kBlock, blocks, dtype}));
-  const int32_t q_width = c.num_heads * c.head_dim, kv_width = c.num_kv_heads * c.head_dim;
   std::mt19937 rng(7);
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  auto random = [&](size_t count) {
-    std::vector<float> v(count);
-    for (float& x : v) x = uniform(rng);
-    return v;
-  };
-  std::vector<int32_t> positions(n), seq(n, 0), tables(blocks), offsets = {0, blocks};
-  std::iota(positions.begin(), positions.end(), 0);
+  DeviceBuffer dpos;
+  RS_ASSIGN_OR_RETURN(PagedKvCache cache, RandomOneLayerCache(backend, c, n, dtype, rng, &dpos));
+  const int32_t blocks = cache.shape().num_blocks;
+  const int32_t q_width = c.num_heads * c.head_dim;
+  std::vector<int32_t> seq(n, 0), tables(blocks), offsets = {0, blocks};
   std::iota(tables.begin(), tables.end(), 0);
-  const std::vector<float> q = random(size_t(n) * q_width), k = random(size_t(n) * kv_width),
-                           v = random(size_t(n) * kv_width);
+  const std::vector<float> q = RandomFloats(size_t(n) * q_width, rng);
   DeviceBuffer dq = Upload(backend, q.data(), sizeof(float) * q.size());
-  DeviceBuffer dk = Upload(backend, k.data(), sizeof(float) * k.size());
-  DeviceBuffer dv = Upload(backend, v.data(), sizeof(float) * v.size());
-  DeviceBuffer dpos = Upload(backend, positions.data(), sizeof(int32_t) * n);
   DeviceBuffer dseq = Upload(backend, seq.data(), sizeof(int32_t) * n);
   DeviceBuffer doff = Upload(backend, offsets.data(), sizeof(int32_t) * offsets.size());
   DeviceBuffer dtab = Upload(backend, tables.data(), sizeof(int32_t) * tables.size());
   absl::StatusOr<DeviceBuffer> out = backend.Alloc(sizeof(float) * size_t(n) * q_width);
   if (!out.ok()) return out.status();
-  for (const DeviceBuffer* b : {&dq, &dk, &dv, &dpos, &dseq, &doff, &dtab}) {
+  for (const DeviceBuffer* b : {&dq, &dseq, &doff, &dtab}) {
     if (b->as<void>() == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("attention at ", n, " tokens: no memory"));
     }
   }
   const KvLayerView layer = cache.layer(0);
-  backend.StoreKv(layer, dk.as<float>(), dv.as<float>(), kv_width, n, dpos.as<int32_t>());
   const AttentionRows rows{n, dpos.as<int32_t>(), dseq.as<int32_t>(), doff.as<int32_t>(),
                            dtab.as<int32_t>()};
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -194,6 +223,51 @@ absl::StatusOr<double> TimeAttention(Backend& backend, const ModelConfig& c, int
   return best;
 }
 
+// SpecKV's selection of one layer at a context of n tokens (a prompt of n - 64 and a lookahead
+// answer of 64): AttentionScores of the 96 captured query rows (the prompt's last 32 and the
+// answer's 64) over the prompt's keys outside the window, and CompactKv of `budget` entries per
+// KV head. The best of `repeats` each (after an untimed call), seconds.
+constexpr int32_t kWindow = 32, kLookahead = 64;  // SpecKV's window; the answer timed
+absl::StatusOr<std::pair<double, double>> TimeSelection(Backend& backend, const ModelConfig& c,
+                                                        int32_t n, int32_t budget,
+                                                        int32_t repeats) {
+  std::mt19937 rng(11);
+  DeviceBuffer dpos;
+  RS_ASSIGN_OR_RETURN(
+      PagedKvCache cache,
+      RandomOneLayerCache(backend, c, n, backend.DefaultKvCacheDType(), rng, &dpos));
+  const int32_t prompt = n - kLookahead, scored = prompt - kWindow;
+  std::vector<int32_t> blocks(cache.shape().num_blocks), positions(kWindow + kLookahead);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::iota(positions.begin(), positions.end(), scored);
+  const std::vector<float> weights(positions.size(), 1.0f);
+  const std::vector<float> q = RandomFloats(positions.size() * c.num_heads * c.head_dim, rng);
+  std::vector<float> scores(size_t(c.num_kv_heads) * scored);
+  // Every KV head keeps the window and budget - window places spread over the rest.
+  std::vector<int32_t> from;
+  for (int32_t g = 0; g < c.num_kv_heads; ++g) {
+    for (int32_t i = 0; i < budget; ++i) {
+      from.push_back(i < budget - kWindow ? int32_t(int64_t{i} * scored / (budget - kWindow))
+                                          : scored + (i - (budget - kWindow)));
+    }
+  }
+  const KvLayerView layer = cache.layer(0);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  double best_scores = 1e30, best_compact = 1e30;
+  for (int rep = 0; rep <= repeats; ++rep) {
+    backend.Synchronize();
+    auto start = ToolClock::now();
+    backend.AttentionScores(layer, blocks, q.data(), c.num_heads, positions, weights, scale, scored,
+                            scores.data());
+    if (rep > 0) best_scores = std::min(best_scores, SecondsSince(start));
+    start = ToolClock::now();
+    backend.CompactKv(layer, blocks, from, budget);
+    backend.Synchronize();
+    if (rep > 0) best_compact = std::min(best_compact, SecondsSince(start));
+  }
+  return std::make_pair(best_scores, best_compact);
+}
+
 absl::Status Run(std::string& json) {
   RS_ASSIGN_OR_RETURN(std::vector<int32_t> lengths,
                       ParseIntList("prefill_tokens", absl::GetFlag(FLAGS_prefill_tokens)));
@@ -205,6 +279,17 @@ absl::Status Run(std::string& json) {
                       ParseIntList("attention_tokens", absl::GetFlag(FLAGS_attention_tokens)));
   for (int32_t n : attention_lengths) {
     if (n < 1) return absl::InvalidArgumentError("--attention_tokens: want lengths >= 1");
+  }
+  RS_ASSIGN_OR_RETURN(std::vector<int32_t> selection_lengths,
+                      ParseIntList("selection_tokens", absl::GetFlag(FLAGS_selection_tokens)));
+  const int32_t budget = absl::GetFlag(FLAGS_selection_budget);
+  for (int32_t n : selection_lengths) {
+    if (budget <= kWindow || n < kLookahead + kWindow + budget) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--selection_tokens: want at least ", kLookahead + kWindow + budget,
+                       " (--selection_budget ", budget, " over SpecKV's window of ", kWindow,
+                       " and a 64-token answer)"));
+    }
   }
   const std::string name = absl::GetFlag(FLAGS_backend);
   RS_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend,
@@ -308,6 +393,15 @@ absl::Status Run(std::string& json) {
       absl::StrAppend(&json, key, "_seconds\": ", seconds, key,
                       "_tflops\": ", flops / seconds / 1e12);
     }
+    progress();
+  }
+
+  for (int32_t n : selection_lengths) {
+    RS_ASSIGN_OR_RETURN(const auto seconds, TimeSelection(*backend, c, n, budget, repeats));
+    const std::string key = absl::StrCat(", \"selection_", n);
+    absl::StrAppend(&json, key, "_scores_seconds\": ", seconds.first, key,
+                    "_compact_seconds\": ", seconds.second, key,
+                    "_all_layers_seconds\": ", c.num_layers * (seconds.first + seconds.second));
     progress();
   }
 

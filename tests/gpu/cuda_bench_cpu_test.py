@@ -48,7 +48,8 @@ p = bench("--random_config", TINY, "--prefill_tokens", "96,160", "--chunk", "64"
           "--decode_batches", "1,3", "--decode_tokens", "4", "--decode_context", "16",
           "--ridgefill_depths", "0.5", "--exact_tail_tokens", "32", "--repeats", "1",
           "--peak_tflops", "1", "--peak_hbm_gbps", "10", "--attention_tokens", "40,300",
-          "--attention_f16_up_to", "40")
+          "--attention_f16_up_to", "40", "--selection_tokens", "200,300",
+          "--selection_budget", "40")
 expect(p.returncode == 0, "random model: exit 0")
 r = result(p)
 for n in (96, 160):
@@ -65,6 +66,10 @@ for n in (40, 300):
     positive(r, f"attention_{n}_f16_tflops")
 expect(not any(k.startswith("attention_") and "bf16" in k for k in r),
        "no bf16 attention keys on the CPU backend")
+# SpecKV's selection of one layer, and the model's layers' worth of it.
+for n in (200, 300):
+    for part in ("scores", "compact", "all_layers"):
+        positive(r, f"selection_{n}_{part}_seconds")
 
 with open(TINY) as f:
     c = json.load(f)
@@ -88,7 +93,7 @@ if MODEL and os.path.exists(MODEL):
 
 # 0.9 of 6 layers is split 5, past the last split a map file allows (layers - 3).
 for bad in (["--ridgefill_depths", "1.5"], ["--ridgefill_depths", "0.9"], ["--decode_batches", "x"],
-            ["--attention_tokens", "0"]):
+            ["--attention_tokens", "0"], ["--selection_tokens", "100"]):
     p = bench("--random_config", TINY, *bad)
     lines = [x for x in (p.stdout + p.stderr).splitlines() if x.strip()]
     expect(p.returncode == 2 and len(lines) == 1 and bad[0][2:] in lines[0],

@@ -24,7 +24,8 @@
 #     tokens/s at batch 1, 16 and 64 with the share of HBM bandwidth (4.8 TB/s) the step's reads
 #     take, and RidgeFill prefill time against exact at splits of 1/2 and 2/3 depth (exact tail
 #     1024), and attention alone at 2K, 8K and 32K tokens (TFLOP/s; at 2K also on an f16 cache:
-#     the tensor-core tiles against the f32 rows kernels), if the run has the time left.
+#     the tensor-core tiles against the f32 rows kernels), and SpecKV's selection of one layer at
+#     8K and 32K (the backend's scores and compaction), if the run has the time left.
 #  5. If the run has the time left, the same 8B shape's decode at batch 1, 16 and 64 and prefill
 #     at 8K with cuBLASLt's algorithms chosen at a 16-row reference batch
 #     (RIDGESERVE_CUDA_GEMM_REFERENCE_N=16: smaller tiles, more CTAs at decode) beside step 4's
@@ -281,7 +282,8 @@ elif run_for 150 "$BIN/cuda_bench" --backend cuda --random_config tests/gpu/llam
      --prefill_tokens 8192,32768 --chunk 8192 --decode_batches 1,16,64 --decode_tokens 32 \
      --decode_context 1024 --ridgefill_depths 0.5,0.667 --exact_tail_tokens 1024 --repeats 1 \
      --peak_tflops 989 --peak_hbm_gbps 4800 --attention_tokens 2048,8192,32768 \
-     --attention_f16_up_to 2048 >"$OUT_DIR/bench_8b.json" 2>"$OUT_DIR/bench_8b.err"; then
+     --attention_f16_up_to 2048 --selection_tokens 8192,32768 \
+     >"$OUT_DIR/bench_8b.json" 2>"$OUT_DIR/bench_8b.err"; then
   say "speed 8B: $(grep '^{' "$OUT_DIR/bench_8b.json" | tail -1)"
 else
   say "speed 8B: FAILED or timed out ($(tail -1 "$OUT_DIR/bench_8b.err"))"
