@@ -72,7 +72,7 @@ struct Engine::Impl {
     int32_t target_prefill_rows = 0;
     int32_t priority = 0;
     // SpecKV: the prompt, the draft's lookahead answer, the tokens emitted so far (replayed after
-    // a preemption), the target's captured queries [row - (P - window)][layer][q_dim] of the
+    // a preemption), the target's captured queries [layer][row - (P - window)][q_dim] of the
     // prefill over prompt + lookahead, the first token (from the last prompt row) until the
     // prefill completes, and whether the K/V are compacted (then `kept` has budget entries).
     SpecKvParams spec_kv;  // budget 0: not SpecKV
@@ -486,7 +486,7 @@ void Engine::Impl::RunTarget(const StepPlan& plan) {
     const size_t row = captured[j].second - (l.prompt_tokens - l.spec_kv.window);
     for (int32_t layer = 0; layer < num_layers; ++layer) {
       std::copy_n(capture.queries[layer].begin() + j * q_dim, q_dim,
-                  l.kv_queries.begin() + (row * num_layers + layer) * q_dim);
+                  l.kv_queries.begin() + (layer * rows + row) * q_dim);
     }
   }
   // SpecPC: the target prefill's share of this step, per kept row, prices the dropped rows.
@@ -831,14 +831,11 @@ void Engine::Impl::CompactKv(SchedRequest& r, Live& l) {
   const size_t q_dim = static_cast<size_t>(c.num_heads) * c.head_dim;
   std::vector<int32_t> positions(rows);
   std::iota(positions.begin(), positions.end(), P - W);
-  std::vector<float> queries(rows * q_dim);
   std::vector<int32_t> tokens;
   Backend& backend = model.llama->backend();
   for (int32_t layer = 0; layer < c.num_layers; ++layer) {
-    for (int32_t row = 0; row < rows; ++row) {
-      std::copy_n(l.kv_queries.begin() + (static_cast<size_t>(row) * c.num_layers + layer) * q_dim,
-                  q_dim, queries.begin() + row * q_dim);
-    }
+    const std::span<const float> queries =
+        std::span(l.kv_queries).subspan(static_cast<size_t>(layer) * rows * q_dim, rows * q_dim);
     const KvLayerView kv = cache->layer(layer);
     const std::vector<std::vector<int32_t>> kept =
         SelectSpecKvLayer(backend, kv, r.blocks, c, queries, positions, P, l.spec_kv);

@@ -31,7 +31,6 @@
 #include <initializer_list>
 #include <memory>
 #include <numeric>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -50,6 +49,7 @@
 #include "engine/tools/sequence_runner.h"
 #include "engine/tools/tool_util.h"
 #include "kernels/backend_registry.h"
+#include "tests/kernels/kernel_test_util.h"
 
 ABSL_FLAG(std::string, backend, "cuda", "cpu or cuda");
 ABSL_FLAG(std::string, model, "", "GGUF file or Hugging Face directory");
@@ -77,6 +77,8 @@ ABSL_FLAG(int32_t, attention_f16_up_to, 0,
 
 namespace ridgeserve {
 namespace {
+
+using ::ridgeserve::testing::RandomFloats;
 
 absl::StatusOr<std::vector<double>> ParseDoubles(const std::string& flag, const std::string& s) {
   std::vector<double> out;
@@ -114,11 +116,8 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RandomMaps(LlamaModel& llama,
                                                           std::vector<float>& weight,
                                                           std::vector<float>& bias) {
   const ModelConfig& c = llama.config();
-  weight.resize(size_t(c.hidden) * c.hidden);
   bias.assign(c.hidden, 0.0f);
-  std::mt19937 rng(5);
-  std::uniform_real_distribution<float> small(-1e-3f, 1e-3f);
-  for (float& w : weight) w = small(rng);
+  weight = RandomFloats(size_t(c.hidden) * c.hidden, 5, -1e-3f, 1e-3f);
   MapSet maps;
   maps.model = {0, c.name, c.num_layers, c.hidden};
   maps.num_kv_heads = c.num_kv_heads;
@@ -141,14 +140,6 @@ absl::StatusOr<std::unique_ptr<RidgeFillMaps>> RandomMaps(LlamaModel& llama,
   return RidgeFillMaps::Load(maps, llama);
 }
 
-// n values uniform in [-1, 1).
-std::vector<float> RandomFloats(size_t n, std::mt19937& rng) {
-  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = uniform(rng);
-  return v;
-}
-
 DeviceBuffer Upload(Backend& backend, const void* host, size_t bytes) {
   absl::StatusOr<DeviceBuffer> buffer = backend.Alloc(bytes);
   if (!buffer.ok()) return DeviceBuffer();
@@ -157,9 +148,9 @@ DeviceBuffer Upload(Backend& backend, const void* host, size_t bytes) {
 }
 
 // A one-layer cache of `dtype` holding n tokens of one sequence (blocks 0, 1, ... in order) with
-// random K/V; `rng` draws them. The positions 0..n-1 stay uploaded in *positions_buffer.
+// random K/V drawn from `seed`. The positions 0..n-1 stay uploaded in *positions_buffer.
 absl::StatusOr<PagedKvCache> RandomOneLayerCache(Backend& backend, const ModelConfig& c, int32_t n,
-                                                 DType dtype, std::mt19937& rng,
+                                                 DType dtype, uint32_t seed,
                                                  DeviceBuffer* positions_buffer) {
   constexpr int32_t kBlock = 16;
   RS_ASSIGN_OR_RETURN(
@@ -167,8 +158,8 @@ absl::StatusOr<PagedKvCache> RandomOneLayerCache(Backend& backend, const ModelCo
       PagedKvCache::Create(backend, KvCacheShape{1, c.num_kv_heads, c.head_dim, kBlock,
                                                  (n + kBlock - 1) / kBlock, dtype}));
   const int32_t kv_width = c.num_kv_heads * c.head_dim;
-  const std::vector<float> k = RandomFloats(size_t(n) * kv_width, rng),
-                           v = RandomFloats(size_t(n) * kv_width, rng);
+  const std::vector<float> k = RandomFloats(size_t(n) * kv_width, seed),
+                           v = RandomFloats(size_t(n) * kv_width, seed + 1);
   std::vector<int32_t> positions(n);
   std::iota(positions.begin(), positions.end(), 0);
   DeviceBuffer dk = Upload(backend, k.data(), sizeof(float) * k.size());
@@ -189,14 +180,13 @@ absl::StatusOr<PagedKvCache> RandomOneLayerCache(Backend& backend, const ModelCo
 // stored first) on a one-layer cache of `dtype`, after one untimed call.
 absl::StatusOr<double> TimeAttention(Backend& backend, const ModelConfig& c, int32_t n, DType dtype,
                                      int32_t repeats) {
-  std::mt19937 rng(7);
   DeviceBuffer dpos;
-  RS_ASSIGN_OR_RETURN(PagedKvCache cache, RandomOneLayerCache(backend, c, n, dtype, rng, &dpos));
+  RS_ASSIGN_OR_RETURN(PagedKvCache cache, RandomOneLayerCache(backend, c, n, dtype, 7, &dpos));
   const int32_t blocks = cache.shape().num_blocks;
   const int32_t q_width = c.num_heads * c.head_dim;
   std::vector<int32_t> seq(n, 0), tables(blocks), offsets = {0, blocks};
   std::iota(tables.begin(), tables.end(), 0);
-  const std::vector<float> q = RandomFloats(size_t(n) * q_width, rng);
+  const std::vector<float> q = RandomFloats(size_t(n) * q_width, 9);
   DeviceBuffer dq = Upload(backend, q.data(), sizeof(float) * q.size());
   DeviceBuffer dseq = Upload(backend, seq.data(), sizeof(int32_t) * n);
   DeviceBuffer doff = Upload(backend, offsets.data(), sizeof(int32_t) * offsets.size());
@@ -231,17 +221,15 @@ constexpr int32_t kWindow = 32, kLookahead = 64;  // SpecKV's window; the answer
 absl::StatusOr<std::pair<double, double>> TimeSelection(Backend& backend, const ModelConfig& c,
                                                         int32_t n, int32_t budget,
                                                         int32_t repeats) {
-  std::mt19937 rng(11);
   DeviceBuffer dpos;
-  RS_ASSIGN_OR_RETURN(
-      PagedKvCache cache,
-      RandomOneLayerCache(backend, c, n, backend.DefaultKvCacheDType(), rng, &dpos));
+  RS_ASSIGN_OR_RETURN(PagedKvCache cache,
+                      RandomOneLayerCache(backend, c, n, backend.DefaultKvCacheDType(), 11, &dpos));
   const int32_t prompt = n - kLookahead, scored = prompt - kWindow;
   std::vector<int32_t> blocks(cache.shape().num_blocks), positions(kWindow + kLookahead);
   std::iota(blocks.begin(), blocks.end(), 0);
   std::iota(positions.begin(), positions.end(), scored);
   const std::vector<float> weights(positions.size(), 1.0f);
-  const std::vector<float> q = RandomFloats(positions.size() * c.num_heads * c.head_dim, rng);
+  const std::vector<float> q = RandomFloats(positions.size() * c.num_heads * c.head_dim, 13);
   std::vector<float> scores(size_t(c.num_kv_heads) * scored);
   // Every KV head keeps the window and budget - window places spread over the rest.
   std::vector<int32_t> from;
