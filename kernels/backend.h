@@ -114,6 +114,12 @@ struct KvLayerView {
   int32_t head_dim = 0;
 };
 
+// The cache slot of place `place` of a sequence whose places sit in `blocks`, in order
+// (block_size places a block).
+inline int64_t PagedSlot(std::span<const int32_t> blocks, int32_t block_size, int32_t place) {
+  return int64_t{blocks[place / block_size]} * block_size + place % block_size;
+}
+
 // Which cached tokens each row attends to: row r belongs to sequence s = seq[r] and sits at
 // absolute position positions[r]; it attends causally to positions 0..positions[r] of its
 // sequence, position p in block block_tables[block_table_offsets[s] + p / block_size]. The

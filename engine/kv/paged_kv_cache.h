@@ -68,7 +68,7 @@ class BlockTable {
   const std::vector<int32_t>& blocks() const { return blocks_; }
   // Cache slot of the token at `position` (which must be reserved).
   int32_t Slot(int32_t position, int32_t block_size) const {
-    return blocks_[position / block_size] * block_size + position % block_size;
+    return static_cast<int32_t>(PagedSlot(blocks_, block_size, position));
   }
 
  private:

@@ -170,6 +170,7 @@ void ForwardProfile::ReadTimes() {
 }
 
 double ForwardProfile::SavedSecondsPerRow(int32_t split_layer, int32_t num_layers) const {
+  assert(clock == nullptr);  // ReadTimes first
   for (const Fill& f : fills) {
     if (f.split_layer != split_layer || f.rows == 0) continue;
     return (num_layers - 1 - split_layer) * full_layer_row_seconds - f.seconds / f.rows;

@@ -56,7 +56,7 @@ void AttentionScores(const KvLayerView& cache, std::span<const int32_t> blocks, 
   std::vector<float> keys(places * width);
   for (int32_t p = 0; p < places; p += cache.block_size) {
     const int32_t n = std::min(cache.block_size, places - p);
-    const size_t slot = static_cast<size_t>(blocks[p / cache.block_size]) * cache.block_size;
+    const size_t slot = PagedSlot(blocks, cache.block_size, p);
     const absl::Status widened =
         DequantizeRow(cache.dtype, cache.k + slot * width * element, n * width, &keys[p * width]);
     assert(widened.ok());  // a KV cache is F32, F16 or BF16

@@ -199,9 +199,7 @@ class CpuBackend final : public Backend {
     const size_t head_bytes = ElementBytes(cache.dtype) * cache.head_dim;
     const size_t slot_bytes = head_bytes * cache.num_kv_heads;
     const auto at = [&](uint8_t* base, int32_t place, int32_t g) {
-      const size_t slot = static_cast<size_t>(blocks[place / cache.block_size]) * cache.block_size +
-                          place % cache.block_size;
-      return base + slot * slot_bytes + g * head_bytes;
+      return base + PagedSlot(blocks, cache.block_size, place) * slot_bytes + g * head_bytes;
     };
     std::vector<uint8_t> moved(head_bytes * cache.num_kv_heads * n);
     for (uint8_t* base : {cache.k, cache.v}) {

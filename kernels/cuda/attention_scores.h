@@ -23,11 +23,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cuda/attention_plan.h"
+
 namespace ridgeserve::cuda {
 
-// Query heads per KV head and head dims the kernels take (their registers are sized by them).
-inline constexpr int kScoresMaxGroup = 16;
-inline constexpr int kScoresMaxHeadDim = 256;
+// Query heads per KV head and head dims the kernels take (their registers are sized by them):
+// attention's, so every model the backend starts with (PlanAttention at ReserveOps) fits.
+inline constexpr int kScoresMaxGroup = kMaxGroup;
+inline constexpr int kScoresMaxHeadDim = kMaxHeadDim;
 
 struct AttentionScoresParams {
   const float* q = nullptr;            // [rows, num_heads * head_dim]

@@ -131,6 +131,12 @@ class CudaBackend final : public Backend {
     // memory (sm_86/89 and consumer parts allow 99 KiB, less than the walker at head_dim 128).
     absl::StatusOr<bool> tiles = cuda::TilesAllowed(std::getenv("RIDGESERVE_CUDA_ATTENTION"));
     if (!tiles.ok()) return tiles.status();
+    // Read again at the first launch (CUDA_CHECK_LAUNCH); a bad value fails the start here.
+    if (absl::StatusOr<bool> sync =
+            cuda::SyncLaunches(std::getenv("RIDGESERVE_CUDA_SYNC_LAUNCHES"));
+        !sync.ok()) {
+      return sync.status();
+    }
     int shared_optin = 0;
     CUDA_RETURN_IF_ERROR(
         cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_));
@@ -476,10 +482,10 @@ class CudaBackend final : public Backend {
     const size_t stats_at = staging.Take(sizeof(float2) * rows * num_heads);
     const size_t scores_at = staging.Take(sizeof(float) * score_floats);
     uint8_t* base = EnsureSelection(staging.bytes);
-    Upload(base + q_at, q, sizeof(float) * q_floats);
-    Upload(base + positions_at, positions.data(), sizeof(int32_t) * rows);
-    Upload(base + weights_at, weights.data(), sizeof(float) * rows);
-    Upload(base + blocks_at, blocks.data(), sizeof(int32_t) * blocks.size());
+    CopyToDevice(base + q_at, q, sizeof(float) * q_floats);
+    CopyToDevice(base + positions_at, positions.data(), sizeof(int32_t) * rows);
+    CopyToDevice(base + weights_at, weights.data(), sizeof(float) * rows);
+    CopyToDevice(base + blocks_at, blocks.data(), sizeof(int32_t) * blocks.size());
     cuda::AttentionScoresParams p;
     p.q = reinterpret_cast<const float*>(base + q_at);
     p.positions = reinterpret_cast<const int32_t*>(base + positions_at);
@@ -514,8 +520,8 @@ class CudaBackend final : public Backend {
     const size_t moved_at =
         staging.Take(cuda::CompactKvScratchBytes(element, cache.num_kv_heads, cache.head_dim, n));
     uint8_t* base = EnsureSelection(staging.bytes);
-    Upload(base + blocks_at, blocks.data(), sizeof(int32_t) * blocks.size());
-    Upload(base + from_at, from.data(), sizeof(int32_t) * from.size());
+    CopyToDevice(base + blocks_at, blocks.data(), sizeof(int32_t) * blocks.size());
+    CopyToDevice(base + from_at, from.data(), sizeof(int32_t) * from.size());
     cuda::CompactKvParams p;
     p.k = cache.k;
     p.v = cache.v;
@@ -529,8 +535,7 @@ class CudaBackend final : public Backend {
     p.moved = reinterpret_cast<uint16_t*>(base + moved_at);
     cuda::LaunchCompactKv(p, stream_);
     // The staging is reused by the next call's uploads, which are ordered after this on the
-    // stream; the host's arrays may go once the uploads are queued (they are copied from
-    // pageable memory before cudaMemcpyAsync returns).
+    // stream; the host's arrays may go (CopyToDevice stages them before it returns).
   }
 
   bool SupportsGraphs() const override { return true; }
@@ -709,22 +714,13 @@ class CudaBackend final : public Backend {
   // That staging, grown to at least `bytes` (no graph reads it); the start of it.
   uint8_t* EnsureSelection(size_t bytes) {
     if (selection_.bytes() < bytes) {
-      // A call before may still read it: the stream's work first.
-      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      // (Freeing the old buffer waits for the work that may still read it: cudaFree.)
       if (absl::Status s = Grow(selection_, std::max(bytes, 2 * selection_.bytes())); !s.ok()) {
         cuda::Fatal(s);
       }
     }
     return selection_.as<uint8_t>();
   }
-  // An upload from pageable host memory, in stream order (the source is copied before this
-  // returns).
-  void Upload(void* device, const void* host, size_t bytes) {
-    if (bytes > 0) {
-      CUDA_CHECK(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_));
-    }
-  }
-
   // Frees `buffer`, then allocates `bytes` in its place.
   absl::Status Grow(DeviceBuffer& buffer, size_t bytes) {
     buffer = DeviceBuffer();

@@ -22,7 +22,7 @@
 // (on CUDA: the tiles against the rows kernels), best of --repeats after a warm-up, with its
 // FLOPs (4 x heads x head_dim x N(N+1)/2) per second. SpecKV's selection (--selection_tokens):
 // one layer's Backend::AttentionScores (96 query rows over N - 96 keys) and CompactKv
-// (--selection_budget entries per KV head) at a context of N, and the model's layers' worth.
+// (--selection_budget entries per KV head) at a context of N, and that times the model's layers.
 #include <algorithm>
 #include <chrono>
 #include <cmath>

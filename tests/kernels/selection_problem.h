@@ -70,10 +70,7 @@ struct SelectionProblem {
     }
   }
 
-  size_t Slot(int32_t place) const {
-    return static_cast<size_t>(blocks[place / shape.block_size]) * shape.block_size +
-           place % shape.block_size;
-  }
+  size_t Slot(int32_t place) const { return PagedSlot(blocks, shape.block_size, place); }
   // The cache's view with K and V at `k_data` / `v_data` (host or device copies of k and v).
   KvLayerView View(uint8_t* k_data, uint8_t* v_data) const {
     return {k_data,        v_data, shape.dtype, num_blocks, shape.block_size, shape.num_kv_heads,
