@@ -48,8 +48,8 @@ struct NcclCommunicatorGroup::State {
 
   // ncclCommAbort runs on a thread of its own: it stops the kernels at once (its abort flag),
   // but then waits until every CUDA graph that captured the communicator's collectives is
-  // destroyed (NCCL >= 2.26, commDestroySync), and those are the ranks' decode graphs, which
-  // go when the failed step has returned on every rank (TensorParallelExecutor) or, after an
+  // destroyed (commDestroySync in recent NCCL sources), and those are the ranks' decode graphs,
+  // which go when the failed step has returned on every rank (TensorParallelExecutor) or, after an
   // abort by the step watchdog, with the engine. Waiting here, the rank or watchdog thread that
   // aborts would never return.
   void Abort(std::string_view why) {
