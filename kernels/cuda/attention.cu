@@ -82,7 +82,7 @@ __device__ inline void LoadChunk(const AttentionParams& p, const int32_t* table,
   __syncthreads();  // the previous chunk is consumed
   if (threadIdx.x < nk) {
     const int32_t pos = base + threadIdx.x;
-    const int64_t slot = int64_t{table[pos / p.block_size]} * p.block_size + pos % p.block_size;
+    const int64_t slot = PagedSlot(table, p.block_size, pos);
     sh.offset[threadIdx.x] = slot * stride + int64_t{kv_head} * p.head_dim;
   }
   __syncthreads();

@@ -3,6 +3,7 @@
 #include "kernels/cuda/attention_device.cuh"
 #include "kernels/cuda/attention_scores.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/elementwise.cuh"
 
 namespace ridgeserve::cuda {
 namespace {
@@ -15,7 +16,7 @@ constexpr int kDimsPerLane = kScoresMaxHeadDim / 32;
 template <int kCode>
 __device__ inline void LoadKey(const AttentionScoresParams& p, int g, int32_t j, int lane,
                                float (&k)[kDimsPerLane]) {
-  const int64_t slot = int64_t{p.blocks[j / p.block_size]} * p.block_size + j % p.block_size;
+  const int64_t slot = PagedSlot(p.blocks, p.block_size, j);
   const int64_t base = (slot * p.num_kv_heads + g) * p.head_dim;
 #pragma unroll
   for (int i = 0; i < kDimsPerLane; ++i) {

@@ -140,7 +140,7 @@ __device__ inline void LoadTileChunk(const AttentionParams& p, const int32_t* ta
   int64_t row = 0;
   if (present) {
     const int32_t pos = base + key;
-    const int64_t slot = int64_t{table[pos / p.block_size]} * p.block_size + pos % p.block_size;
+    const int64_t slot = PagedSlot(table, p.block_size, pos);
     row = slot * p.num_kv_heads * kHeadDim + int64_t{kv_head} * kHeadDim;
   }
   const __nv_bfloat16* kc = static_cast<const __nv_bfloat16*>(p.k) + row;

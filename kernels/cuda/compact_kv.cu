@@ -16,8 +16,7 @@ __device__ inline uint16_t* UnitAt(const CompactKvParams& p, int64_t e, bool sou
   const int g = static_cast<int>(gi / p.n);
   const int32_t i = static_cast<int32_t>(gi % p.n);
   const int32_t place = source ? p.from[gi] : i;
-  const int64_t slot =
-      int64_t{p.blocks[place / p.block_size]} * p.block_size + place % p.block_size;
+  const int64_t slot = PagedSlot(p.blocks, p.block_size, place);
   uint8_t* base = which == 0 ? p.k : p.v;
   return reinterpret_cast<uint16_t*>(base) + (slot * p.num_kv_heads + g) * head_units + u;
 }

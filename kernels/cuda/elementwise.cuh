@@ -1,5 +1,5 @@
-// Launch shape shared by the elementwise kernels, and the bf16 store of activations (device
-// code: include from .cu files only).
+// Launch shape shared by the elementwise kernels, the bf16 store of activations and the paged
+// cache's slot formula (device code: include from .cu files only).
 #ifndef RIDGESERVE_KERNELS_CUDA_ELEMENTWISE_CUH_
 #define RIDGESERVE_KERNELS_CUDA_ELEMENTWISE_CUH_
 
@@ -24,6 +24,12 @@ inline unsigned ElementwiseBlocks(int64_t count) {
 // op stores its output (Backend::ActivationDType) and how Linear rounds f32 input.
 __device__ inline uint16_t Bf16Bits(float v) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+
+// The cache slot of place `place` of a sequence whose places sit in the blocks of `table`, in
+// order: kernels/backend.h's PagedSlot, on the device.
+__device__ inline int64_t PagedSlot(const int32_t* table, int32_t block_size, int32_t place) {
+  return int64_t{table[place / block_size]} * block_size + place % block_size;
 }
 
 }  // namespace ridgeserve::cuda
